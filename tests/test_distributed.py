@@ -1,0 +1,67 @@
+"""gather / gather_no_grad / global_mean on 2 gloo processes against one process."""
+
+from __future__ import annotations
+
+import torch
+
+from cloc_lightning import distributed as D
+from tests._ddp import run_distributed
+
+
+def _full_problem(sizes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(sizes), 3, generator=g, dtype=torch.float64)
+    w = torch.randn(3, generator=g, dtype=torch.float64)
+    return x, w
+
+
+def _loss(local_rows: torch.Tensor, all_rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # local anchors against the global batch: l_i = logsumexp_j (x_i . x_j) + x_i . w
+    per_anchor = torch.logsumexp(local_rows @ all_rows.T, dim=1) + local_rows @ w
+    return per_anchor
+
+
+def _rank_fn(rank: int, world: int, sizes: tuple[int, ...]) -> dict:
+    x, w = _full_problem(sizes)
+    start = sum(sizes[:rank])
+    xl = x[start : start + sizes[rank]].clone().requires_grad_(True)
+    xg = D.gather(xl)
+    loss = D.global_mean(_loss(xl, xg, w))
+    loss.backward()
+    reduced = D.all_reduce_sum(loss.detach()) / world
+    return {
+        "loss": reduced,
+        "grad": xl.grad / world,  # DDP divides parameter gradients by W
+        "offset": D.local_offset(sizes[rank]),
+        "labels": D.gather_no_grad(torch.arange(sizes[rank]) + 100 * rank),
+        "ws": D.world_size(),
+    }
+
+
+def _single(sizes: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w = _full_problem(sizes)
+    x = x.clone().requires_grad_(True)
+    loss = _loss(x, x, w).mean()
+    loss.backward()
+    return loss.detach(), x.grad
+
+
+def test_single_process_is_identity() -> None:
+    x = torch.randn(4, 2, requires_grad=True)
+    assert D.gather(x) is x
+    assert D.world_size() == 1 and D.rank() == 0 and D.local_offset(4) == 0
+    assert torch.equal(D.global_mean(torch.tensor([1.0, 2.0, 6.0])), torch.tensor(3.0))
+
+
+def test_gather_with_grad_equals_single_process_even_and_uneven() -> None:
+    for sizes in [(3, 3), (4, 2)]:
+        results = run_distributed(_rank_fn, 2, sizes)
+        loss, grad = _single(sizes)
+        for r, res in enumerate(results):
+            assert res["ws"] == 2
+            assert res["offset"] == sum(sizes[:r])
+            torch.testing.assert_close(res["loss"], loss, rtol=1e-10, atol=1e-10)
+            start = sum(sizes[:r])
+            torch.testing.assert_close(res["grad"], grad[start : start + sizes[r]], rtol=1e-10, atol=1e-10)
+            expected_labels = torch.cat([torch.arange(n) + 100 * i for i, n in enumerate(sizes)])
+            assert torch.equal(res["labels"], expected_labels)
