@@ -1,0 +1,77 @@
+"""SupContrast-style SupCon loss, reimplemented for the benchmark only.
+
+A faithful reimplementation (our own code) of the dense computation in the
+authors' reference ``HobbitLong/SupContrast`` ``losses.py`` (Khosla et al.,
+"Supervised Contrastive Learning", NeurIPS 2020), with the fix of its PR #142
+(anchors without positives divide by 1 instead of 0).  It performs the same
+tensor operations as that code so that its speed and memory are representative:
+the full ``[N_a, N]`` logits, the tiled ``[N_a, N]`` positive mask built with
+``repeat``, the ``[N_a, N]`` self-exclusion mask built with ``scatter``, the
+masked ``exp`` and the masked ``log_prob``.  ``base_temperature`` defaults to 0.07
+as in the reference.  Not used by the library; see
+:mod:`cloc_lightning.losses.supcon` for the real loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def supcon_reference(
+    features: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    temperature: float = 0.07,
+    contrast_mode: str = "all",
+    base_temperature: float = 0.07,
+) -> torch.Tensor:
+    """SupCon ``L_out`` as the reference computes it.
+
+    Args:
+        features: [bsz, n_views, dim] (L2-normalised).
+        labels: [bsz] integer ids, or ``None``.
+        mask: [bsz, bsz] positives mask, or ``None`` (both ``None``: SimCLR).
+
+    Returns:
+        Scalar loss.
+    """
+    device = features.device
+    bsz, n_views = features.shape[0], features.shape[1]
+    if labels is not None and mask is not None:
+        raise ValueError("labels and mask are exclusive")
+    if labels is None and mask is None:
+        pos = torch.eye(bsz, dtype=torch.float32, device=device)
+    elif labels is not None:
+        col = labels.contiguous().view(-1, 1)
+        pos = torch.eq(col, col.T).float().to(device)
+    else:
+        pos = mask.float().to(device)
+
+    # view-major stack of every view: rows v * bsz + i
+    contrast_feature = torch.cat(torch.unbind(features, dim=1), dim=0)
+    if contrast_mode == "one":
+        anchor_feature = features[:, 0]
+        anchor_count = 1
+    else:
+        anchor_feature = contrast_feature
+        anchor_count = n_views
+
+    logits_raw = torch.div(torch.matmul(anchor_feature, contrast_feature.T), temperature)
+    row_max, _ = torch.max(logits_raw, dim=1, keepdim=True)
+    logits = logits_raw - row_max.detach()
+
+    pos = pos.repeat(anchor_count, n_views)
+    not_self = torch.scatter(
+        torch.ones_like(pos), 1, torch.arange(bsz * anchor_count, device=device).view(-1, 1), 0
+    )
+    pos = pos * not_self
+
+    exp_logits = torch.exp(logits) * not_self
+    log_prob = logits - torch.log(exp_logits.sum(1, keepdim=True))
+
+    n_pos = pos.sum(1)
+    n_pos = torch.where(n_pos < 1e-6, torch.ones_like(n_pos), n_pos)  # PR #142
+    mean_log_prob_pos = (pos * log_prob).sum(1) / n_pos
+
+    loss = -(temperature / base_temperature) * mean_log_prob_pos
+    return loss.view(anchor_count, bsz).mean()

@@ -1,0 +1,94 @@
+"""The ``cloc-lightning`` command: LightningCLI over every registered module and data module.
+
+::
+
+    cloc-lightning fit --config configs/cloc/demo.yaml          # train (+ test with test_after_fit)
+    cloc-lightning fit --model CEModule --data UTKFaceDataModule --data.root data/utkface \
+        --model.num_classes 8
+    cloc-lightning test --config cfg.yaml --ckpt_path runs/.../best.ckpt
+    cloc-lightning predict --config cfg.yaml --ckpt_path best.ckpt   # writes predictions.csv
+    cloc-lightning fit --help ; cloc-lightning fit --model.help CLOCModule
+
+Every subclass of :class:`~cloc_lightning.methods.base.BaseModule` and
+:class:`~cloc_lightning.data.base.BaseDataModule` that is imported is selectable by
+name with ``--model`` / ``--data`` (or ``class_path`` in YAML), including your
+own classes: ``--model my_project.MyCLOC``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+
+import cloc_lightning.data  # noqa: F401  (registers the data modules)
+import cloc_lightning.methods  # noqa: F401  (registers the modules)
+from cloc_lightning.callbacks import PredictionWriter
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.methods.base import BaseModule
+
+__all__ = ["CLOCLightningCLI", "main", "EXTRA_COMMANDS"]
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": "runs", "name": "default"},
+    },
+}
+
+#: extra sub-commands (name -> callable(argv)); methods register theirs here
+EXTRA_COMMANDS: dict[str, Any] = {}
+
+
+class CLOCLightningCLI(LightningCLI):
+    """LightningCLI with ``test_after_fit`` and a prediction writer for ``predict``."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=False,
+            help="After fit, run test on the best checkpoint (or the final weights without one) and print the metrics.",
+        )
+
+    def _cfg(self) -> Any:
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        ckpt = trainer.checkpoint_callback
+        best = getattr(ckpt, "best_model_path", "") if ckpt is not None else ""
+        if self._cfg().get("test_after_fit", False) and not trainer.interrupted:
+            ckpt_path = best if best and os.path.isfile(best) else None
+            if ckpt_path is None and trainer.is_global_zero:
+                print("test_after_fit: no best checkpoint was saved; testing the final weights")
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        if trainer.is_global_zero:
+            if trainer.log_dir:
+                print(f"logs (TensorBoard): {trainer.log_dir}")
+            if best:
+                print(f"best checkpoint: {best}")
+
+    def before_predict(self) -> None:
+        if not any(isinstance(cb, PredictionWriter) for cb in self.trainer.callbacks):
+            self.trainer.callbacks.append(PredictionWriter())
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``cloc-lightning`` and ``python -m cloc_lightning``."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in EXTRA_COMMANDS:
+        EXTRA_COMMANDS[argv[0]](argv[1:])
+        return
+    CLOCLightningCLI(
+        BaseModule,
+        BaseDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=TRAINER_DEFAULTS,
+        save_config_kwargs={"overwrite": True},
+        args=None if args is None else argv,
+    )
+

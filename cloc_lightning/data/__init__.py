@@ -1,0 +1,23 @@
+"""LightningDataModules shared by all methods, and their transforms."""
+
+from cloc_lightning.data.base import BaseDataModule, DataConfigError, hash_split
+from cloc_lightning.data.folder import CSVDataModule, ImageFolderDataModule
+from cloc_lightning.data.synthetic import OrdinalShapesDataModule, make_ordinal_shapes
+from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
+from cloc_lightning.data.utkface import DEFAULT_AGE_BINS, UTKFaceDataModule, parse_utkface_name
+
+__all__ = [
+    "BaseDataModule",
+    "DataConfigError",
+    "hash_split",
+    "CSVDataModule",
+    "ImageFolderDataModule",
+    "OrdinalShapesDataModule",
+    "make_ordinal_shapes",
+    "MultiCropViews",
+    "SupConViews",
+    "ViewTransform",
+    "DEFAULT_AGE_BINS",
+    "UTKFaceDataModule",
+    "parse_utkface_name",
+]

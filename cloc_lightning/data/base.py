@@ -1,0 +1,399 @@
+"""The shared LightningDataModule base and the datasets it wraps.
+
+A data module here builds three *labelled base sets* (train/val/test) that return
+raw images (PIL or ``uint8`` tensors) and integer labels; the base class applies
+training-set subsampling (few-shot cap, fraction, per-class down-weighting for
+label-distribution shift), the transforms (single view, or the multi-view hook
+``train_views``) and builds the loaders.
+
+Batches: ``(images [B, 3, H, W], labels [B])`` for single-view sets and
+``(list of n_views tensors [B, 3, h_v, w_v], labels [B])`` with ``train_views``.
+Validation/test/predict sets are always single-view with the eval transform.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from typing import Any, Callable, ClassVar, Literal, Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from cloc_lightning.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Augment,
+    ViewTransform,
+    eval_transform,
+    train_transform,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BaseDataModule",
+    "LabelledDataset",
+    "ImageFileDataset",
+    "TensorImageDataset",
+    "TransformedSubset",
+    "hash_fraction",
+    "hash_split",
+    "IMAGE_EXTENSIONS",
+    "DataConfigError",
+]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
+Task = Literal["ordinal", "nominal"]
+
+
+class DataConfigError(ValueError):
+    """The data (root, files, labels, split) cannot be used as configured; the message names the fix."""
+
+
+def hash_fraction(key: str, salt: str = "") -> float:
+    """A deterministic number in [0, 1) from ``key`` (md5; independent of file order or OS)."""
+    digest = hashlib.md5((salt + key).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def hash_split(keys: Sequence[str], fractions: Sequence[float], salt: str = "") -> list[int]:
+    """Assign each key to split ``0..len(fractions)-1`` by :func:`hash_fraction`.
+
+    ``fractions`` are normalised to sum to 1.  The assignment of a key never
+    depends on the other keys, so adding files does not move existing ones.
+    """
+    f = np.asarray(fractions, dtype=np.float64)
+    if (f < 0).any() or f.sum() <= 0:
+        raise DataConfigError(f"split fractions must be >= 0 with a positive sum, got {list(fractions)}")
+    edges = np.cumsum(f / f.sum())
+    return [int(min(np.searchsorted(edges, hash_fraction(k, salt), side="right"), len(f) - 1)) for k in keys]
+
+
+class LabelledDataset(Dataset):
+    """A dataset of ``(raw image, int label)`` with a ``targets`` list (base sets)."""
+
+    targets: list[int]
+
+    def load(self, index: int) -> Any:
+        """The raw image at ``index`` (PIL image or uint8 tensor [3, H, W])."""
+        raise NotImplementedError
+
+    def describe(self, index: int) -> str:
+        """A human-readable name of the sample (file path) for error messages."""
+        return f"sample {index}"
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.load(index), self.targets[index]
+
+
+class TensorImageDataset(LabelledDataset):
+    """Images held in memory as a ``uint8`` tensor ``[N, 3, H, W]``."""
+
+    def __init__(self, images: torch.Tensor, targets: Sequence[int]) -> None:
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"images must be uint8 [N, 3, H, W], got {images.dtype} {tuple(images.shape)}")
+        self.images = images
+        self.targets = [int(t) for t in targets]
+
+    def load(self, index: int) -> torch.Tensor:
+        return self.images[index]
+
+
+class ImageFileDataset(LabelledDataset):
+    """Image files with labels, read with PIL and converted to RGB.
+
+    ``bad_files``: ``'raise'`` (default) stops with the file's name when a file
+    cannot be read; ``'skip'`` warns (with a running count) and returns the next
+    readable sample instead.
+    """
+
+    def __init__(self, files: Sequence[str], targets: Sequence[int], bad_files: Literal["raise", "skip"] = "raise") -> None:
+        if len(files) != len(targets):
+            raise ValueError("files and targets differ in length")
+        if bad_files not in ("raise", "skip"):
+            raise DataConfigError(f"bad_files must be 'raise' or 'skip', got {bad_files!r}")
+        self.files = list(files)
+        self.targets = [int(t) for t in targets]
+        self.bad_files = bad_files
+        self.skipped = 0
+
+    def describe(self, index: int) -> str:
+        return self.files[index]
+
+    def load(self, index: int) -> Image.Image:
+        with Image.open(self.files[index]) as img:
+            return img.convert("RGB")
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        n = len(self.files)
+        for attempt in range(min(n, 100)):
+            i = (index + attempt) % n
+            try:
+                return self.load(i), self.targets[i]
+            except (OSError, ValueError, SyntaxError) as e:  # PIL raises these for unreadable/corrupt files
+                if self.bad_files == "raise":
+                    raise RuntimeError(
+                        f"Cannot read image {self.files[i]!r} ({type(e).__name__}: {e}). "
+                        "Fix or remove the file, or set data bad_files: skip to skip unreadable files with a warning."
+                    ) from e
+                self.skipped += 1
+                warnings.warn(f"skipping unreadable image {self.files[i]!r} ({self.skipped} skipped so far in this process)")
+        raise RuntimeError(f"100 consecutive unreadable images starting at {self.files[index]!r}; check the data folder")
+
+
+class TransformedSubset(Dataset):
+    """``base[indices[i]]`` with ``transform`` applied to the image."""
+
+    def __init__(self, base: LabelledDataset, indices: Sequence[int] | None, transform: Callable[[Any], Any]) -> None:
+        self.base = base
+        self.indices = list(range(len(base))) if indices is None else list(indices)
+        self.transform = transform
+
+    @property
+    def targets(self) -> list[int]:
+        return [self.base.targets[i] for i in self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[Any, torch.Tensor]:
+        image, label = self.base[self.indices[i]]
+        return self.transform(image), torch.tensor(label, dtype=torch.long)
+
+
+def _auto_workers() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, max(0, cpus - 1))
+
+
+class BaseDataModule(L.LightningDataModule):
+    """Base of every data module: loaders, transforms, multi-view hook, subsampling.
+
+    Subclasses implement :meth:`build_base_sets` (and set ``num_classes`` /
+    ``class_names``); everything else is shared.
+
+    Args:
+        batch_size: training batch size (per process under DDP).
+        eval_batch_size: validation/test batch size (default: ``batch_size``).
+        num_workers: loader worker processes; ``None`` picks ``min(8, cpus - 1)``.
+        pin_memory: pin host memory (useful on GPU).
+        image_size: side of the square images fed to the model.
+        augment: single-view training augmentation (see :func:`train_transform`).
+        train_views: multi-view hook; e.g. ``SupConViews(n_views=2)`` or
+            ``MultiCropViews(2, 6)``; ``None`` = single view.
+        mean, std: normalisation (default: the data module's own, ImageNet's here).
+        few_shot: keep at most this many training images per class (the first ones
+            in a fixed hash order, so the subset is the same for every seed).
+        train_fraction: keep this fraction of every training class (hash order).
+        class_fraction: label-distribution shift: ``{class: fraction}`` keeps only
+            that fraction of the listed classes' training images.
+        drop_last: drop the last incomplete training batch.
+        seed: seed of the training sampler's shuffling.
+        bad_files: what file-based sets do with unreadable images (``raise``/``skip``).
+    """
+
+    task: ClassVar[Task] = "ordinal"
+    default_mean: ClassVar[tuple[float, float, float]] = IMAGENET_MEAN
+    default_std: ClassVar[tuple[float, float, float]] = IMAGENET_STD
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int | None = None,
+        pin_memory: bool = False,
+        image_size: int = 32,
+        augment: Augment = "crop_flip",
+        train_views: ViewTransform | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        few_shot: int | None = None,
+        train_fraction: float = 1.0,
+        class_fraction: dict[int, float] | None = None,
+        drop_last: bool = True,
+        seed: int = 0,
+        bad_files: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise DataConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if few_shot is not None and few_shot < 1:
+            raise DataConfigError(f"few_shot must be >= 1 images per class (or null), got {few_shot}")
+        if not 0.0 < train_fraction <= 1.0:
+            raise DataConfigError(f"train_fraction must be in (0, 1], got {train_fraction}")
+        for c, f in (class_fraction or {}).items():
+            if not 0.0 <= f <= 1.0:
+                raise DataConfigError(f"class_fraction[{c}] must be in [0, 1], got {f}")
+        if bad_files not in ("raise", "skip"):
+            raise DataConfigError(f"bad_files must be 'raise' or 'skip', got {bad_files!r}")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = _auto_workers() if num_workers is None else num_workers
+        self.pin_memory = pin_memory
+        self.image_size = image_size
+        self.augment = augment
+        self.train_views = train_views
+        self.mean = tuple(mean) if mean is not None else self.default_mean
+        self.std = tuple(std) if std is not None else self.default_std
+        self.few_shot = few_shot
+        self.train_fraction = train_fraction
+        self.class_fraction = {int(k): float(v) for k, v in (class_fraction or {}).items()}
+        self.drop_last = drop_last
+        self.seed = seed
+        self.bad_files = bad_files
+        self.class_names: list[str] = []
+        self._base: dict[str, LabelledDataset] | None = None
+        self.train_set: TransformedSubset | None = None
+        self.val_set: TransformedSubset | None = None
+        self.test_set: TransformedSubset | None = None
+
+    # ----------------------------------------------------------------- hooks
+    def build_base_sets(self) -> dict[str, LabelledDataset]:
+        """Return ``{'train': ..., 'val': ..., 'test': ...}`` base sets (raw images, labels)."""
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (ranks for ordinal tasks)."""
+        if not self.class_names:
+            self.class_names = self.discover_class_names()
+        return len(self.class_names)
+
+    def discover_class_names(self) -> list[str]:
+        """Class names, computed without building the sets if possible."""
+        self._ensure_base()
+        return self.class_names
+
+    @property
+    def n_views(self) -> int:
+        """Number of training views per sample (1 without ``train_views``)."""
+        return 1 if self.train_views is None else self.train_views.n_views
+
+    def train_image_transform(self) -> Callable[[Any], Any]:
+        """The training transform: the multi-view hook if set, else the single-view augmentation."""
+        if self.train_views is not None:
+            return self.train_views.build(self.image_size, self.mean, self.std)
+        return train_transform(self.image_size, self.mean, self.std, self.augment)
+
+    def eval_image_transform(self) -> Callable[[Any], Any]:
+        """The validation/test transform (resize + normalise)."""
+        return eval_transform(self.image_size, self.mean, self.std)
+
+    # ------------------------------------------------------------- internals
+    def _ensure_base(self) -> dict[str, LabelledDataset]:
+        if self._base is None:
+            base = self.build_base_sets()
+            n_classes = len(self.class_names)
+            if n_classes < 2:
+                raise DataConfigError(f"{type(self).__name__} found {n_classes} class(es); at least 2 are needed")
+            for split, ds in base.items():
+                bad = [t for t in ds.targets if not 0 <= t < n_classes]
+                if bad:
+                    raise DataConfigError(
+                        f"{split} labels must lie in [0, {n_classes}); found {sorted(set(bad))[:5]}. "
+                        "Check the label column/bins or the class list."
+                    )
+            self._base = base
+        return self._base
+
+    def train_indices(self, targets: Sequence[int], keys: Sequence[str] | None = None) -> list[int]:
+        """Indices of the training samples kept after few-shot / fraction / class-fraction subsampling.
+
+        Order within a class follows a hash of ``keys`` (file names) or of the index.
+        """
+        if self.few_shot is None and self.train_fraction == 1.0 and not self.class_fraction:
+            return list(range(len(targets)))
+        names = list(keys) if keys is not None else [str(i) for i in range(len(targets))]
+        per_class: dict[int, list[int]] = {}
+        for i in sorted(range(len(targets)), key=lambda i: hash_fraction(names[i], "subsample")):
+            per_class.setdefault(int(targets[i]), []).append(i)
+        keep: list[int] = []
+        for c, idx in per_class.items():
+            n = len(idx)
+            if self.train_fraction < 1.0:
+                n = max(1, round(n * self.train_fraction))
+            if c in self.class_fraction:
+                n = min(n, round(len(idx) * self.class_fraction[c]))
+            if self.few_shot is not None:
+                n = min(n, self.few_shot)
+            keep.extend(idx[:n])
+        return sorted(keep)
+
+    def setup(self, stage: str | None = None) -> None:
+        base = self._ensure_base()
+        train = base["train"]
+        files = getattr(train, "files", None)
+        keys = [os.path.basename(f) for f in files] if files is not None else None
+        if self.train_set is None:
+            self.train_set = TransformedSubset(train, self.train_indices(train.targets, keys), self.train_image_transform())
+            self.val_set = TransformedSubset(base["val"], None, self.eval_image_transform())
+            self.test_set = TransformedSubset(base["test"], None, self.eval_image_transform())
+        needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}.get(
+            stage or "fit", ["train", "val", "test"]
+        )
+        sets = {"train": self.train_set, "val": self.val_set, "test": self.test_set}
+        for split in needed:
+            if len(sets[split]) == 0:  # type: ignore[arg-type]
+                raise DataConfigError(
+                    f"the {split} split of {type(self).__name__} is empty; add data or change the split fractions / few_shot"
+                )
+        if stage == "fit" and self.drop_last and len(self.train_set) < self.batch_size:
+            raise DataConfigError(
+                f"the training split has {len(self.train_set)} samples, fewer than batch_size={self.batch_size} "
+                "with drop_last=true, so no batch would be produced; lower batch_size or set drop_last: false"
+            )
+
+    def _loader(self, ds: Dataset, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+        workers = self.num_workers
+        return DataLoader(
+            ds,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.train_set is not None, "call setup('fit') first"
+        return self._loader(self.train_set, self.batch_size, True, self.drop_last)
+
+    def val_dataloader(self) -> DataLoader:
+        assert self.val_set is not None, "call setup() first"
+        return self._loader(self.val_set, self.eval_batch_size, False, False)
+
+    def test_dataloader(self) -> DataLoader:
+        assert self.test_set is not None, "call setup() first"
+        return self._loader(self.test_set, self.eval_batch_size, False, False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+    def train_eval_dataloader(self) -> DataLoader:
+        """The (subsampled) training set with the *eval* transform, in order (for feature probes)."""
+        base = self._ensure_base()
+        assert self.train_set is not None, "call setup() first"
+        ds = TransformedSubset(base["train"], self.train_set.indices, self.eval_image_transform())
+        return self._loader(ds, self.eval_batch_size, False, False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"class_names": list(self.class_names)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("class_names")
+        if saved and self.class_names and list(saved) != list(self.class_names):
+            raise DataConfigError(
+                f"the checkpoint was trained on classes {saved[:10]}..., this data module has "
+                f"{self.class_names[:10]}...; use the same data configuration to resume"
+            )

@@ -1,0 +1,246 @@
+"""Data modules for a user's own images: a class-per-folder tree or a CSV of paths and labels."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from cloc_lightning.data.base import (
+    IMAGE_EXTENSIONS,
+    BaseDataModule,
+    DataConfigError,
+    ImageFileDataset,
+    LabelledDataset,
+    hash_split,
+)
+
+__all__ = ["ImageFolderDataModule", "CSVDataModule"]
+
+
+def _class_dirs(path: Path) -> list[str]:
+    return sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def _scan(path: Path, class_names: Sequence[str]) -> tuple[list[str], list[int]]:
+    files, labels = [], []
+    for c, name in enumerate(class_names):
+        d = path / name
+        if not d.is_dir():
+            continue
+        for p in sorted(d.rglob("*")):
+            if p.is_file() and p.name.lower().endswith(IMAGE_EXTENSIONS):
+                files.append(str(p))
+                labels.append(c)
+    return files, labels
+
+
+class ImageFolderDataModule(BaseDataModule):
+    """Images in ``<root>/<split>/<class>/*.jpg`` (or ``<root>/<class>/*.jpg``).
+
+    Layouts:
+
+    * ``root/train/<class>/...`` and ``root/test/<class>/...`` (and optionally
+      ``root/val/<class>/...``): the given splits; without ``val/``, ``val_fraction``
+      of ``train`` is held out by a hash of the file name.
+    * ``root/<class>/...``: one pool split into train/val/test by ``split_fractions``.
+
+    Args:
+        root: the folder.
+        task: ``'nominal'`` (top-1/top-5 metrics) or ``'ordinal'`` (MAE, QWK, ...).
+        class_order: class folder names in label order; required order for ordinal
+            data (e.g. ``['young', 'adult', 'old']``). Default: sorted folder names.
+        val_fraction: held-out share of ``train`` when there is no ``val`` folder.
+        split_fractions: ``(train, val, test)`` for the single-pool layout.
+        train_dir, val_dir, test_dir: split folder names.
+        **kwargs: :class:`BaseDataModule` arguments.
+
+    Example: the CIFAR-10 JPEG copy in ``../shared/data/cifar10`` (``train/``, ``test/``).
+    """
+
+    default_mean = (0.4914, 0.4822, 0.4465)
+    default_std = (0.2470, 0.2435, 0.2616)
+
+    def __init__(
+        self,
+        root: str,
+        task: Literal["nominal", "ordinal"] = "nominal",
+        class_order: list[str] | None = None,
+        val_fraction: float = 0.1,
+        split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
+        train_dir: str = "train",
+        val_dir: str = "val",
+        test_dir: str = "test",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if task not in ("nominal", "ordinal"):
+            raise DataConfigError(f"task must be 'nominal' or 'ordinal', got {task!r}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise DataConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        self.root = root
+        self.task = task  # type: ignore[misc]
+        self.class_order = class_order
+        self.val_fraction = val_fraction
+        self.split_fractions = tuple(split_fractions)
+        self.dirs = {"train": train_dir, "val": val_dir, "test": test_dir}
+
+    def _root(self) -> Path:
+        path = Path(os.path.expanduser(self.root))
+        if not path.is_dir():
+            raise DataConfigError(
+                f"image folder root {str(path)!r} does not exist or is not a directory; "
+                "point data.root at <root>/<train|test>/<class>/*.jpg or <root>/<class>/*.jpg"
+            )
+        return path
+
+    def _split_layout(self) -> bool:
+        path = self._root()
+        return (path / self.dirs["train"]).is_dir()
+
+    def discover_class_names(self) -> list[str]:
+        path = self._root()
+        base = path / self.dirs["train"] if self._split_layout() else path
+        found = _class_dirs(base)
+        if not found:
+            raise DataConfigError(f"no class folders in {str(base)!r}; expected <class>/*.jpg sub-folders")
+        if self.class_order is None:
+            return found
+        missing = [c for c in self.class_order if c not in found]
+        extra = [c for c in found if c not in self.class_order]
+        if missing or extra:
+            raise DataConfigError(
+                f"class_order does not match the folders in {str(base)!r}: missing folders {missing}, "
+                f"folders not in class_order {extra}"
+            )
+        return list(self.class_order)
+
+    def build_base_sets(self) -> dict[str, LabelledDataset]:
+        self.class_names = self.discover_class_names()
+        path = self._root()
+        sets: dict[str, tuple[list[str], list[int]]] = {}
+        if self._split_layout():
+            train = _scan(path / self.dirs["train"], self.class_names)
+            if not train[0]:
+                raise DataConfigError(f"no images in {str(path / self.dirs['train'])!r}")
+            test_dir = path / self.dirs["test"]
+            if not test_dir.is_dir():
+                raise DataConfigError(f"{str(path)!r} has a {self.dirs['train']!r} folder but no {self.dirs['test']!r} folder")
+            sets["test"] = _scan(test_dir, self.class_names)
+            if (path / self.dirs["val"]).is_dir():
+                sets["train"], sets["val"] = train, _scan(path / self.dirs["val"], self.class_names)
+            else:
+                split = hash_split([os.path.basename(f) + str(y) for f, y in zip(*train)], (1 - self.val_fraction, self.val_fraction))
+                for i, name in enumerate(("train", "val")):
+                    sets[name] = ([f for f, s in zip(train[0], split) if s == i], [y for y, s in zip(train[1], split) if s == i])
+        else:
+            files, labels = _scan(path, self.class_names)
+            if not files:
+                raise DataConfigError(f"no images under {str(path)!r}")
+            split = hash_split([os.path.relpath(f, path) for f in files], self.split_fractions)
+            for i, name in enumerate(("train", "val", "test")):
+                sets[name] = ([f for f, s in zip(files, split) if s == i], [y for y, s in zip(labels, split) if s == i])
+        return {k: ImageFileDataset(f, y, self.bad_files) for k, (f, y) in sets.items()}
+
+
+class CSVDataModule(BaseDataModule):
+    """Images listed in a CSV file with a path and a label column (and optionally a split column).
+
+    Labels may be integers ``0..C-1`` or strings; strings are mapped to classes by
+    ``class_names`` (required order for ordinal data) or sorted order.  With a
+    ``split_column`` its values ``train``/``val``/``test`` assign the splits,
+    otherwise a hash of the path does (``split_fractions``).
+
+    Args:
+        csv_path: the CSV file (with a header row).
+        root: base folder of relative paths (default: the CSV's folder).
+        path_column, label_column, split_column: column names.
+        task: ``'ordinal'`` or ``'nominal'``.
+        class_names: label names in class order (string labels) or display names.
+        split_fractions: ``(train, val, test)`` when there is no split column.
+        **kwargs: :class:`BaseDataModule` arguments.
+    """
+
+    def __init__(
+        self,
+        csv_path: str,
+        root: str | None = None,
+        path_column: str = "path",
+        label_column: str = "label",
+        split_column: str | None = None,
+        task: Literal["nominal", "ordinal"] = "ordinal",
+        class_names: list[str] | None = None,
+        split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.csv_path = csv_path
+        self.root = root
+        self.columns = (path_column, label_column, split_column)
+        self.task = task  # type: ignore[misc]
+        self.given_class_names = class_names
+        self.split_fractions = tuple(split_fractions)
+        self._rows: list[dict[str, str]] | None = None
+
+    def _read_rows(self) -> list[dict[str, str]]:
+        if self._rows is not None:
+            return self._rows
+        path = Path(os.path.expanduser(self.csv_path))
+        if not path.is_file():
+            raise DataConfigError(f"CSV file {str(path)!r} does not exist; set data.csv_path")
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = reader.fieldnames or []
+            for col in self.columns:
+                if col is not None and col not in fields:
+                    raise DataConfigError(f"column {col!r} not in {str(path)!r} (columns: {fields}); set the *_column arguments")
+            rows = list(reader)
+        if not rows:
+            raise DataConfigError(f"CSV file {str(path)!r} has no rows")
+        self._rows = rows
+        return rows
+
+    def _label_map(self) -> dict[str, int]:
+        values = sorted({r[self.columns[1]].strip() for r in self._read_rows()})
+        if all(v.lstrip("-").isdigit() for v in values):
+            ints = sorted(int(v) for v in values)
+            n = len(self.given_class_names) if self.given_class_names else ints[-1] + 1
+            if ints[0] < 0 or ints[-1] >= n:
+                raise DataConfigError(f"integer labels must lie in [0, {n}); found {ints[0]}..{ints[-1]}")
+            return {str(i): i for i in range(n)} | {v: int(v) for v in values}
+        names = self.given_class_names or values
+        unknown = [v for v in values if v not in names]
+        if unknown:
+            raise DataConfigError(f"labels {unknown[:5]} are not in class_names {names}")
+        return {name: i for i, name in enumerate(names)}
+
+    def discover_class_names(self) -> list[str]:
+        if self.given_class_names:
+            self._label_map()
+            return list(self.given_class_names)
+        mapping = self._label_map()
+        n = max(mapping.values()) + 1
+        inverse = {v: k for k, v in mapping.items()}
+        return [inverse.get(i, str(i)) for i in range(n)]
+
+    def build_base_sets(self) -> dict[str, LabelledDataset]:
+        self.class_names = self.discover_class_names()
+        mapping = self._label_map()
+        rows = self._read_rows()
+        base = Path(os.path.expanduser(self.root)) if self.root else Path(os.path.expanduser(self.csv_path)).parent
+        path_col, label_col, split_col = self.columns
+        files = [str(base / r[path_col]) for r in rows]
+        labels = [mapping[r[label_col].strip()] for r in rows]
+        if split_col is not None:
+            names = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
+            bad = sorted({r[split_col] for r in rows if r[split_col].strip().lower() not in names})
+            if bad:
+                raise DataConfigError(f"split column {split_col!r} has values {bad}; use train, val or test")
+            split = [names[r[split_col].strip().lower()] for r in rows]
+        else:
+            split = hash_split([r[path_col] for r in rows], self.split_fractions)
+        return {
+            name: ImageFileDataset([f for f, s in zip(files, split) if s == i], [y for y, s in zip(labels, split) if s == i], self.bad_files)
+            for i, name in enumerate(("train", "val", "test"))
+        }

@@ -1,0 +1,218 @@
+"""Image transforms (torchvision v2) shared by all data modules.
+
+Single-view pipelines (:func:`train_transform`, :func:`eval_transform`) and the
+multi-view hook: a data module's ``train_views`` takes a :class:`ViewTransform`,
+which turns one image into a list of augmented views.  Methods that need views
+(SupCon/SimCLR, ReLIC) check the count they receive against their own setting.
+
+Images arrive as PIL images or ``uint8`` tensors ``[3, H, W]``; every pipeline
+ends with a normalised ``float32`` tensor ``[3, size, size]``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, Sequence
+
+import torch
+from torchvision.transforms import v2
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "CIFAR_MEAN",
+    "CIFAR_STD",
+    "Augment",
+    "train_transform",
+    "eval_transform",
+    "ViewTransform",
+    "MultiViewTransform",
+    "SupConViews",
+    "MultiCropViews",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+Augment = Literal["none", "flip", "crop_flip", "rrc_flip"]
+Transform = Callable[[object], torch.Tensor]
+
+
+def _to_tensor(mean: Sequence[float], std: Sequence[float]) -> list[v2.Transform]:
+    return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+
+
+def eval_transform(image_size: int, mean: Sequence[float], std: Sequence[float]) -> Transform:
+    """Resize to ``image_size`` x ``image_size`` and normalise."""
+    return v2.Compose([v2.ToImage(), v2.Resize((image_size, image_size), antialias=True), *_to_tensor(mean, std)[1:]])
+
+
+def train_transform(
+    image_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    augment: Augment = "crop_flip",
+    rrc_scale: tuple[float, float] = (0.5, 1.0),
+) -> Transform:
+    """Single-view training pipeline.
+
+    ``augment``: ``none`` (resize only), ``flip`` (+ horizontal flip), ``crop_flip``
+    (resize, random crop with 1/8 padding, flip; the CIFAR recipe) or ``rrc_flip``
+    (RandomResizedCrop with ``rrc_scale`` and flip; the ImageNet recipe).
+    """
+    base: list[v2.Transform] = [v2.ToImage()]
+    if augment == "rrc_flip":
+        base += [v2.RandomResizedCrop(image_size, scale=rrc_scale, antialias=True), v2.RandomHorizontalFlip()]
+    else:
+        base.append(v2.Resize((image_size, image_size), antialias=True))
+        if augment == "crop_flip":
+            base.append(v2.RandomCrop(image_size, padding=max(1, image_size // 8), padding_mode="reflect"))
+        if augment in ("crop_flip", "flip"):
+            base.append(v2.RandomHorizontalFlip())
+        elif augment != "none":
+            raise ValueError(f"augment must be one of none|flip|crop_flip|rrc_flip, got {augment!r}")
+    return v2.Compose(base + _to_tensor(mean, std)[1:])
+
+
+class MultiViewTransform:
+    """Apply several transforms to one image and return the list of views."""
+
+    def __init__(self, transforms: Sequence[Transform]) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, image: object) -> list[torch.Tensor]:
+        return [t(image) for t in self.transforms]
+
+    def __len__(self) -> int:
+        return len(self.transforms)
+
+
+class ViewTransform:
+    """Base class of multi-view specifications (the data modules' ``train_views``).
+
+    Subclasses describe the views with plain typed arguments (so they work from
+    YAML) and build the callable once the data module knows the image size and
+    normalisation.  ``n_views`` is the number of tensors per sample.
+    """
+
+    @property
+    def n_views(self) -> int:
+        raise NotImplementedError
+
+    def build(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> MultiViewTransform:
+        """The callable mapping one image to a list of ``n_views`` tensors."""
+        raise NotImplementedError
+
+
+class SupConViews(ViewTransform):
+    """``n_views`` i.i.d. views with SupCon/SimCLR's augmentation (Khosla et al. 2020).
+
+    RandomResizedCrop(scale) -> horizontal flip -> ColorJitter(0.4, 0.4, 0.4, 0.1)
+    with p = 0.8 -> grayscale with p = 0.2 (HobbitLong/SupContrast ``main_supcon.py``).
+    ``size`` overrides the data module's image size.
+    """
+
+    def __init__(
+        self,
+        n_views: int = 2,
+        scale: tuple[float, float] = (0.2, 1.0),
+        jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1),
+        jitter_p: float = 0.8,
+        grayscale_p: float = 0.2,
+        size: int | None = None,
+    ) -> None:
+        if n_views < 1:
+            raise ValueError(f"n_views must be >= 1, got {n_views}")
+        self._n_views = n_views
+        self.scale = tuple(scale)
+        self.jitter = tuple(jitter)
+        self.jitter_p = jitter_p
+        self.grayscale_p = grayscale_p
+        self.size = size
+
+    @property
+    def n_views(self) -> int:
+        return self._n_views
+
+    def build(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> MultiViewTransform:
+        size = self.size or image_size
+        one = v2.Compose(
+            [
+                v2.ToImage(),
+                v2.RandomResizedCrop(size, scale=self.scale, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.RandomApply([v2.ColorJitter(*self.jitter)], p=self.jitter_p),
+                v2.RandomGrayscale(p=self.grayscale_p),
+                *_to_tensor(mean, std)[1:],
+            ]
+        )
+        return MultiViewTransform([one] * self._n_views)
+
+
+class MultiCropViews(ViewTransform):
+    """Global + local crops (multi-crop, Caron et al. 2020) as the ReLIC-sigmoid seed uses.
+
+    Views are ordered ``[global_1 .. global_G, local_1 .. local_L]``.  Global views:
+    RandomResizedCrop(``global_size``, ``global_scale``) -> flip -> ColorJitter
+    (0.8, 0.8, 0.8, 0.2) with p = 0.8 -> grayscale p = 0.2 -> Gaussian blur
+    (p = ``blur_p``) -> solarize (p = ``solarize_p``).  Local views: the same at
+    ``local_size``/``local_scale`` without solarisation.  ``global_size`` defaults to the
+    data module's image size, ``local_size`` to ``3/7`` of it (96 -> 41 ... 32 -> 14,
+    rounded to at least 8), mirroring 224/96 in DINO/SwAV.
+    """
+
+    def __init__(
+        self,
+        num_global_views: int = 2,
+        num_local_views: int = 0,
+        global_size: int | None = None,
+        local_size: int | None = None,
+        global_scale: tuple[float, float] = (0.1, 1.0),
+        local_scale: tuple[float, float] = (0.05, 1.0),
+        jitter: tuple[float, float, float, float] = (0.8, 0.8, 0.8, 0.2),
+        jitter_p: float = 0.8,
+        grayscale_p: float = 0.2,
+        blur_p: float = 0.5,
+        solarize_p: float = 0.2,
+    ) -> None:
+        if num_global_views < 1 or num_local_views < 0:
+            raise ValueError(
+                f"need num_global_views >= 1 and num_local_views >= 0, got {num_global_views} and {num_local_views}"
+            )
+        self.num_global_views = num_global_views
+        self.num_local_views = num_local_views
+        self.global_size = global_size
+        self.local_size = local_size
+        self.global_scale = tuple(global_scale)
+        self.local_scale = tuple(local_scale)
+        self.jitter = tuple(jitter)
+        self.jitter_p = jitter_p
+        self.grayscale_p = grayscale_p
+        self.blur_p = blur_p
+        self.solarize_p = solarize_p
+
+    @property
+    def n_views(self) -> int:
+        return self.num_global_views + self.num_local_views
+
+    def _pipeline(self, size: int, scale: tuple[float, float], solarize: bool, mean: Sequence[float], std: Sequence[float]) -> Transform:
+        kernel = max(3, (size // 10) | 1)  # odd, ~10% of the crop as in SimCLR
+        ops: list[v2.Transform] = [
+            v2.ToImage(),
+            v2.RandomResizedCrop(size, scale=scale, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.RandomApply([v2.ColorJitter(*self.jitter)], p=self.jitter_p),
+            v2.RandomGrayscale(p=self.grayscale_p),
+            v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=self.blur_p),
+        ]
+        if solarize:
+            ops.append(v2.RandomSolarize(threshold=128, p=self.solarize_p))
+        return v2.Compose(ops + _to_tensor(mean, std)[1:])
+
+    def build(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> MultiViewTransform:
+        g_size = self.global_size or image_size
+        l_size = self.local_size or max(8, round(image_size * 3 / 7))
+        g = self._pipeline(g_size, self.global_scale, True, mean, std)
+        loc = self._pipeline(l_size, self.local_scale, False, mean, std)
+        return MultiViewTransform([g] * self.num_global_views + [loc] * self.num_local_views)

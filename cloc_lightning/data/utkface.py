@@ -1,0 +1,170 @@
+"""UTKFace age estimation as an ordinal task.
+
+UTKFace (Zhang, Song, Qi, CVPR 2017) names every aligned-and-cropped face
+``<age>_<gender>_<race>_<datetime>.jpg.chip.jpg``; the age is the label.  This
+module reads such a folder (the full "Aligned&Cropped Faces" download or any
+subset), maps ages to ordinal classes by bin edges or to raw age ranks, and
+splits deterministically by a hash of the file name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from cloc_lightning.data.base import (
+    IMAGE_EXTENSIONS,
+    BaseDataModule,
+    DataConfigError,
+    ImageFileDataset,
+    LabelledDataset,
+    hash_split,
+)
+
+__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS"]
+
+#: Lower edges of the default age groups: 0-3, 4-7, 8-14, 15-24, 25-37, 38-47, 48-59, 60+
+#: (the eight Adience groups 0-2, 4-6, 8-13, 15-20, 25-32, 38-43, 48-53, 60+ with their gaps closed).
+DEFAULT_AGE_BINS: tuple[int, ...] = (0, 4, 8, 15, 25, 38, 48, 60)
+
+_NAME = re.compile(r"^(?P<age>\d{1,3})_(?P<gender>\d)?_?(?P<race>\d)?_?(?P<date>\d+)?")
+
+
+def parse_utkface_name(name: str) -> dict[str, int | None] | None:
+    """Parse a UTKFace file name; ``None`` if it does not start with ``<age>_``.
+
+    Returns ``{'age', 'gender', 'race'}`` (gender/race ``None`` when missing, as
+    in a few files of the official release).
+    """
+    m = _NAME.match(os.path.basename(name))
+    if m is None:
+        return None
+    g, r = m.group("gender"), m.group("race")
+    return {"age": int(m.group("age")), "gender": int(g) if g else None, "race": int(r) if r else None}
+
+
+def _list_images(root: str) -> list[str]:
+    path = Path(os.path.expanduser(root))
+    if not path.exists():
+        raise DataConfigError(
+            f"UTKFace root {str(path)!r} does not exist. Point data.root at a folder of UTKFace images "
+            "(<age>_<gender>_<race>_<datetime>.jpg.chip.jpg), e.g. the 'Aligned&Cropped Faces' download."
+        )
+    if not path.is_dir():
+        raise DataConfigError(f"UTKFace root {str(path)!r} is not a directory")
+    files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(IMAGE_EXTENSIONS))
+    if not files:
+        raise DataConfigError(f"UTKFace root {str(path)!r} contains no image files ({', '.join(IMAGE_EXTENSIONS[:3])}, ...)")
+    return files
+
+
+class UTKFaceDataModule(BaseDataModule):
+    """UTKFace faces with ages as ordinal labels.
+
+    Args:
+        root: folder of UTKFace images (searched recursively).
+        label_mode: ``'bins'`` maps ages to groups by ``age_bins``; ``'age'`` uses
+            raw ages clipped to ``[min_age, max_age]`` as ranks ``age - min_age``.
+        age_bins: sorted lower edges of the age groups, starting at 0; default
+            :data:`DEFAULT_AGE_BINS` (8 groups).
+        min_age, max_age: rank range for ``label_mode='age'``.
+        split_fractions: ``(train, val, test)`` fractions of the hash split.
+        split_salt: change to draw a different (still deterministic) split.
+        test_root: evaluate on another folder of UTKFace files; ``root`` is then
+            split into train/val only.
+        strict_names: image files whose names do not parse raise an error listing
+            them (default); ``False`` skips them with a warning.
+        **kwargs: :class:`BaseDataModule` arguments (``image_size`` default 64).
+    """
+
+    task = "ordinal"
+
+    def __init__(
+        self,
+        root: str,
+        label_mode: Literal["bins", "age"] = "bins",
+        age_bins: Sequence[int] = DEFAULT_AGE_BINS,
+        min_age: int = 1,
+        max_age: int = 80,
+        split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
+        split_salt: str = "",
+        test_root: str | None = None,
+        strict_names: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("image_size", 64)
+        super().__init__(**kwargs)
+        bins = [int(b) for b in age_bins]
+        if label_mode not in ("bins", "age"):
+            raise DataConfigError(f"label_mode must be 'bins' or 'age', got {label_mode!r}")
+        if label_mode == "bins" and (len(bins) < 2 or bins[0] != 0 or any(b <= a for a, b in zip(bins, bins[1:]))):
+            raise DataConfigError(f"age_bins must be strictly increasing lower edges starting at 0 (>= 2 groups), got {bins}")
+        if label_mode == "age" and not 0 <= min_age < max_age:
+            raise DataConfigError(f"need 0 <= min_age < max_age, got {min_age}, {max_age}")
+        if len(split_fractions) != 3:
+            raise DataConfigError(f"split_fractions must be (train, val, test), got {split_fractions}")
+        self.root = root
+        self.label_mode = label_mode
+        self.age_bins = bins
+        self.min_age = min_age
+        self.max_age = max_age
+        self.split_fractions = tuple(float(f) for f in split_fractions)
+        self.split_salt = split_salt
+        self.test_root = test_root
+        self.strict_names = strict_names
+
+    def age_to_label(self, age: int) -> int:
+        """Ordinal class of an age."""
+        if self.label_mode == "age":
+            return min(max(age, self.min_age), self.max_age) - self.min_age
+        return sum(1 for b in self.age_bins if age >= b) - 1
+
+    def discover_class_names(self) -> list[str]:
+        if self.label_mode == "age":
+            return [str(a) for a in range(self.min_age, self.max_age + 1)]
+        edges = self.age_bins
+        names = [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])]
+        return names + [f"{edges[-1]}+"]
+
+    def _read(self, root: str) -> tuple[list[str], list[int]]:
+        files, labels, bad = [], [], []
+        for f in _list_images(root):
+            parsed = parse_utkface_name(f)
+            if parsed is None:
+                bad.append(os.path.basename(f))
+                continue
+            files.append(f)
+            labels.append(self.age_to_label(int(parsed["age"])))  # type: ignore[arg-type]
+        if bad and self.strict_names:
+            raise DataConfigError(
+                f"{len(bad)} file(s) in {root!r} do not follow UTKFace naming <age>_<gender>_<race>_<datetime>.jpg, "
+                f"e.g. {bad[:5]}. Rename or remove them, or set data.strict_names: false to skip them."
+            )
+        if bad:
+            import warnings
+
+            warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}")
+        if not files:
+            raise DataConfigError(f"no UTKFace images with parseable names in {root!r}")
+        return files, labels
+
+    def build_base_sets(self) -> dict[str, LabelledDataset]:
+        self.class_names = self.discover_class_names()
+        files, labels = self._read(self.root)
+        keys = [os.path.basename(f) for f in files]
+        if self.test_root is None:
+            split = hash_split(keys, self.split_fractions, self.split_salt)
+            test_files = [f for f, s in zip(files, split) if s == 2]
+            test_labels = [y for y, s in zip(labels, split) if s == 2]
+        else:
+            split = hash_split(keys, self.split_fractions[:2], self.split_salt)
+            test_files, test_labels = self._read(self.test_root)
+        sets: dict[str, LabelledDataset] = {}
+        for i, name in enumerate(("train", "val")):
+            sets[name] = ImageFileDataset(
+                [f for f, s in zip(files, split) if s == i], [y for y, s in zip(labels, split) if s == i], self.bad_files
+            )
+        sets["test"] = ImageFileDataset(test_files, test_labels, self.bad_files)
+        return sets

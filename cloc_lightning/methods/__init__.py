@@ -1,0 +1,6 @@
+"""One LightningModule per method, on a thin shared base."""
+
+from cloc_lightning.methods.base import BaseModule, ClassifierModule
+from cloc_lightning.methods.ce import CEModule
+
+__all__ = ["BaseModule", "ClassifierModule", "CEModule"]

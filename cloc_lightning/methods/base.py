@@ -1,0 +1,318 @@
+"""The thin base every method builds on.
+
+:class:`BaseModule` owns what all methods share and nothing else:
+
+* the **backbone** (a timm model by name; hook :meth:`BaseModule.build_backbone`);
+* the **optimiser** and its per-step **schedule** (warm-up + cosine or step decay;
+  hooks :meth:`BaseModule.param_groups` and :meth:`BaseModule.build_optimizer`);
+* the **checkpoint** of the best validation metric (``monitor`` / ``monitor_mode``).
+
+:class:`ClassifierModule` adds a linear classification head, ordinal or nominal
+**metrics** (hook :meth:`ClassifierModule.build_metrics`) and the validation,
+test and predict steps used by every module that outputs class scores.
+
+Every constructor takes explicit, typed arguments (LightningCLI builds ``--help``
+and validates YAML from them); subclasses forward the shared ones with
+``**kwargs``.  Subclassing a method in your own project::
+
+    class MyCLOC(CLOCModule):
+        def build_backbone(self):
+            net = MyNet()
+            return net, net.out_dim          # (module, feature dimension)
+
+        def build_optimizer(self, groups):
+            return torch.optim.AdamW(groups, lr=self.hparams.lr)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal, Sequence
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from torch import nn
+from torchmetrics import MetricCollection
+
+from cloc_lightning.metrics import build_metrics
+from cloc_lightning.nn.backbones import create_backbone
+
+__all__ = ["BaseModule", "ClassifierModule", "OptimizerName", "SchedulerName", "lr_factor"]
+
+OptimizerName = Literal["adam", "adamw", "sgd", "radam"]
+SchedulerName = Literal["cosine", "step", "none"]
+
+
+def lr_factor(
+    step: int,
+    total_steps: int,
+    steps_per_epoch: float,
+    scheduler: SchedulerName,
+    warmup_epochs: float = 0.0,
+    min_lr_ratio: float = 0.0,
+    milestones: Sequence[int] = (),
+    gamma: float = 0.1,
+) -> float:
+    """Multiplier of the base learning rate at optimiser step ``step``.
+
+    Linear warm-up over ``warmup_epochs`` (from ``1/warmup_steps`` to 1), then
+    ``cosine`` decay to ``min_lr_ratio`` at ``total_steps``, ``step`` decay by
+    ``gamma`` at each epoch in ``milestones``, or constant (``none``).
+    """
+    warmup = int(round(warmup_epochs * steps_per_epoch))
+    if step < warmup:
+        return (step + 1) / warmup
+    if scheduler == "cosine":
+        span = max(1, total_steps - warmup)
+        progress = min(1.0, (step - warmup) / span)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if scheduler == "step":
+        epoch = step / max(steps_per_epoch, 1e-12)
+        return gamma ** sum(1 for m in milestones if epoch >= m)
+    return 1.0
+
+
+class BaseModule(L.LightningModule):
+    """Backbone + optimiser/scheduler + best-checkpoint plumbing shared by all methods.
+
+    Args:
+        backbone: timm model name (``resnet18``, ``resnet50``, ``convnext_tiny``, ...).
+        pretrained: ``False``, ``True`` (timm weights from the hub) or a local weights path.
+        cifar_stem: 3x3/1 stem without max-pool for 32 px images (ResNet family).
+        backbone_kwargs: extra ``timm.create_model`` arguments (e.g. ``drop_path_rate``).
+        optimizer: ``adam`` | ``adamw`` | ``sgd`` | ``radam``.
+        lr: base learning rate (per-group rates may differ; see :meth:`param_groups`).
+        weight_decay: weight decay of the default group.
+        momentum: SGD momentum (and Adam's beta1 is untouched).
+        nesterov: Nesterov momentum for SGD.
+        scheduler: ``cosine`` | ``step`` | ``none``; stepped every optimiser step.
+        warmup_epochs: linear warm-up length (fractions allowed).
+        min_lr_ratio: final cosine learning rate as a fraction of the base rate.
+        lr_milestones: epochs at which ``step`` multiplies the rate by ``lr_gamma``.
+        lr_gamma: decay factor of the ``step`` schedule.
+    """
+
+    #: metric the default checkpoint callback monitors, and whether lower is better
+    monitor: str = "val/loss"
+    monitor_mode: Literal["min", "max"] = "min"
+    #: constructor arguments not stored in ``hparams`` (non-serialisable objects)
+    hparams_ignore: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        backbone: str = "resnet18",
+        pretrained: bool | str = False,
+        cifar_stem: bool = False,
+        backbone_kwargs: dict[str, Any] | None = None,
+        optimizer: OptimizerName = "adam",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        scheduler: SchedulerName = "cosine",
+        warmup_epochs: float = 0.0,
+        min_lr_ratio: float = 0.0,
+        lr_milestones: list[int] | None = None,
+        lr_gamma: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if optimizer not in ("adam", "adamw", "sgd", "radam"):
+            raise ValueError(f"optimizer must be adam|adamw|sgd|radam, got {optimizer!r}")
+        if scheduler not in ("cosine", "step", "none"):
+            raise ValueError(f"scheduler must be cosine|step|none, got {scheduler!r}")
+        self.save_hyperparameters(ignore=list(self.hparams_ignore))
+        self.backbone, self.feature_dim = self.build_backbone()
+
+    # ------------------------------------------------------------------ hooks
+    def build_backbone(self) -> tuple[nn.Module, int]:
+        """Return ``(encoder, feature_dim)``; ``encoder(x)`` maps ``[B, 3, H, W]`` to ``[B, feature_dim]``."""
+        h = self.hparams
+        return create_backbone(h.backbone, h.pretrained, h.cifar_stem, **(h.backbone_kwargs or {}))
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Optimiser parameter groups; override to give parts their own lr/weight decay.
+
+        The default is one group of every trainable parameter with the base lr and
+        weight decay.  Groups may carry ``lr`` / ``weight_decay`` / ``name`` keys.
+        """
+        return [{"name": "model", "params": [p for p in self.parameters() if p.requires_grad]}]
+
+    def build_optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """Build the optimiser over ``groups`` from the ``optimizer``/``lr``/... arguments."""
+        h = self.hparams
+        name = h.optimizer
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov)
+        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "radam": torch.optim.RAdam}[name]
+        return cls(groups, lr=h.lr, weight_decay=h.weight_decay)
+
+    def configure_optimizers(self) -> Any:
+        groups = [g for g in self.param_groups() if len(list(g["params"])) > 0]
+        if not groups:
+            raise RuntimeError(f"{type(self).__name__} has no trainable parameters to optimise")
+        optimizer = self.build_optimizer(groups)
+        h = self.hparams
+        if h.scheduler == "none" and h.warmup_epochs == 0:
+            return optimizer
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        n_batches = self.trainer.num_training_batches
+        accumulate = max(1, self.trainer.accumulate_grad_batches)
+        if math.isfinite(n_batches) and n_batches > 0:
+            per_epoch = max(1.0, math.ceil(n_batches / accumulate))
+        else:
+            per_epoch = total / max(1, self.trainer.max_epochs or 1)
+        milestones = list(h.lr_milestones or [])
+
+        def factor(step: int) -> float:
+            return lr_factor(step, total, per_epoch, h.scheduler, h.warmup_epochs, h.min_lr_ratio, milestones, h.lr_gamma)
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_callbacks(self) -> list[Callback]:
+        """Best-``monitor`` checkpointing (+ ``last.ckpt``) unless the user configured a monitored one."""
+        callbacks: list[Callback] = []
+        trainer = self._trainer
+        if trainer is None:
+            return callbacks
+        existing = trainer.checkpoint_callbacks
+        if existing and not any(getattr(cb, "monitor", None) for cb in existing):
+            callbacks.append(
+                ModelCheckpoint(
+                    monitor=self.monitor,
+                    mode=self.monitor_mode,
+                    save_last=True,
+                    filename="best-{epoch:03d}-{step}",
+                    auto_insert_metric_name=False,
+                )
+            )
+        if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
+            callbacks.append(LearningRateMonitor(logging_interval="step"))
+        return callbacks
+
+    # ---------------------------------------------------------------- helpers
+    def extract_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Backbone features ``[B, feature_dim]`` (what linear probes read)."""
+        return self.backbone(x)
+
+    @staticmethod
+    def split_batch(batch: Any, expect_views: bool | None = None, owner: str = "this module") -> tuple[Any, torch.Tensor]:
+        """``(images or list of views, labels)`` from a batch, with a clear error on the wrong kind."""
+        if not isinstance(batch, (list, tuple)) or len(batch) != 2:
+            raise ValueError(f"{owner} expects batches (images, labels), got {type(batch).__name__}")
+        x, y = batch
+        is_views = isinstance(x, (list, tuple))
+        if expect_views is False and is_views:
+            raise ValueError(
+                f"{owner} trains on single-view batches but the data module yields {len(x)} views; "
+                "remove data.train_views (or set it to null)"
+            )
+        if expect_views is True and not is_views:
+            raise ValueError(
+                f"{owner} needs multi-view batches; set data.train_views, e.g. "
+                "{class_path: cloc_lightning.data.SupConViews, init_args: {n_views: 2}}"
+            )
+        return x, y
+
+
+class ClassifierModule(BaseModule):
+    """Backbone + linear head with ordinal/nominal metrics for validation, test and predict.
+
+    Args:
+        num_classes: number of classes (ranks); must match the data module's.
+        task: ``ordinal`` (MAE, expected-rank MAE, accuracy, QWK, ±1 accuracy),
+            ``nominal`` (top-1/top-5) or ``auto`` (the data module's ``task``).
+        **kwargs: :class:`BaseModule` arguments (backbone, optimiser, schedule).
+    """
+
+    def __init__(self, num_classes: int, task: Literal["auto", "ordinal", "nominal"] = "auto", **kwargs: Any) -> None:
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+        if task not in ("auto", "ordinal", "nominal"):
+            raise ValueError(f"task must be auto|ordinal|nominal, got {task!r}")
+        super().__init__(**kwargs)
+        self.num_classes = num_classes
+        self.task = task
+        self.head = self.build_head()
+        self.val_metrics: MetricCollection | None = None
+        self.test_metrics: MetricCollection | None = None
+        if task != "auto":
+            self._make_metrics(task)
+
+    # ------------------------------------------------------------------ hooks
+    def build_head(self) -> nn.Module:
+        """The classifier on backbone features: ``Linear(feature_dim, num_classes)``."""
+        return nn.Linear(self.feature_dim, self.num_classes)
+
+    def build_metrics(self, task: Literal["ordinal", "nominal"], prefix: str) -> MetricCollection:
+        """Metrics logged as ``<prefix><name>`` (see :mod:`cloc_lightning.metrics`)."""
+        return build_metrics(task, self.num_classes, prefix)
+
+    @property
+    def monitor(self) -> str:  # type: ignore[override]
+        return "val/acc" if self.task == "nominal" else "val/mae"
+
+    @property
+    def monitor_mode(self) -> Literal["min", "max"]:  # type: ignore[override]
+        return "max" if self.task == "nominal" else "min"
+
+    # ---------------------------------------------------------------- lifecycle
+    def _make_metrics(self, task: Literal["ordinal", "nominal"]) -> None:
+        self.task = task
+        self.val_metrics = self.build_metrics(task, "val/")
+        self.test_metrics = self.build_metrics(task, "test/")
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and hasattr(dm, "num_classes"):
+            n = dm.num_classes
+            if n != self.num_classes:
+                raise ValueError(
+                    f"model.num_classes={self.num_classes} but {type(dm).__name__} has {n} classes "
+                    f"({getattr(dm, 'class_names', [])[:10]}); set --model.init_args.num_classes {n}"
+                )
+        if self.val_metrics is None:
+            task = getattr(dm, "task", "ordinal") if self.task == "auto" else self.task
+            self._make_metrics(task)
+            self.val_metrics.to(self.device)  # type: ignore[union-attr]
+            self.test_metrics.to(self.device)  # type: ignore[union-attr]
+
+    # -------------------------------------------------------------------- steps
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores (logits) ``[B, num_classes]`` for images ``[B, 3, H, W]``."""
+        return self.head(self.backbone(x))
+
+    def _eval_step(self, batch: Any, metrics: MetricCollection | None, stage: str) -> torch.Tensor:
+        x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
+        logits = self(x)
+        loss = F.cross_entropy(logits.float(), y)
+        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=y.shape[0])
+        if metrics is None:
+            self._make_metrics("ordinal" if self.task == "auto" else self.task)  # plain-Python use
+            metrics = self.val_metrics if stage == "val" else self.test_metrics
+            metrics.to(logits.device)  # type: ignore[union-attr]
+        metrics.update(logits.float(), y)  # type: ignore[union-attr]
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=y.shape[0])  # type: ignore[arg-type]
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._eval_step(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._eval_step(batch, self.test_metrics, "test")
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        """``{'pred': argmax class, 'expected': expected rank, 'probs': [B, C], 'target': labels}``."""
+        x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)
+        probs = self(x).float().softmax(dim=1)
+        ranks = torch.arange(probs.shape[1], device=probs.device, dtype=probs.dtype)
+        out = {"pred": probs.argmax(dim=1), "expected": probs @ ranks, "probs": probs}
+        if y is not None:
+            out["target"] = y
+        return out

@@ -1,0 +1,52 @@
+"""Cross-entropy baseline: backbone + linear head trained end to end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from cloc_lightning.methods.base import ClassifierModule
+
+__all__ = ["CEModule"]
+
+
+class CEModule(ClassifierModule):
+    """Backbone + linear classifier trained with cross-entropy (the baseline of every table).
+
+    Also the SupCE baseline of Khosla et al. (2020) when trained with SGD on
+    CIFAR (``configs/ce/cifar10.yaml``).
+
+    Args:
+        num_classes: number of classes.
+        label_smoothing: cross-entropy label smoothing.
+        **kwargs: :class:`~cloc_lightning.methods.base.ClassifierModule` /
+            :class:`~cloc_lightning.methods.base.BaseModule` arguments
+            (``task``, ``backbone``, ``pretrained``, ``cifar_stem``, ``optimizer``, ``lr``, ...).
+
+    Example::
+
+        model = CEModule(num_classes=8, backbone="resnet18", lr=1e-3)
+        trainer = L.Trainer(max_epochs=10)
+        trainer.fit(model, datamodule=UTKFaceDataModule("data/utkface"))
+    """
+
+    def __init__(self, num_classes: int, label_smoothing: float = 0.0, **kwargs: Any) -> None:
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        super().__init__(num_classes=num_classes, **kwargs)
+        self.criterion = self.build_loss()
+
+    def build_loss(self) -> nn.Module:
+        """The training loss on ``(logits, labels)``."""
+        return nn.CrossEntropyLoss(label_smoothing=self.hparams.label_smoothing)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
+        logits = self(x)
+        loss = self.criterion(logits.float(), y)
+        acc = (logits.argmax(dim=1) == y).float().mean()
+        self.log("train/loss", loss, prog_bar=True, batch_size=y.shape[0])
+        self.log("train/acc", acc, batch_size=y.shape[0])
+        return loss

@@ -1,0 +1,102 @@
+"""Image backbones from timm by name, with a CIFAR-style stem for small images."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+import timm
+import torch
+from torch import nn
+
+from cloc_lightning.nn.hub import load_pretrained
+
+__all__ = ["create_backbone", "apply_cifar_stem"]
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+    return f" Did you mean one of {close}?" if close else " See timm.list_models() for the names."
+
+
+def apply_cifar_stem(model: nn.Module, name: str = "model") -> nn.Module:
+    """Replace a ResNet-family stem (7x7/2 conv + max-pool) by a 3x3/1 conv and no pool.
+
+    The usual change for 32x32 inputs (CIFAR), as in SimCLR/SupCon CIFAR code:
+    the feature map is not downsampled 4x before the first stage.  Works on timm
+    models with ``conv1`` and ``maxpool`` attributes (``resnet*``, ``resnet*d/t``,
+    ``seresnet*``, ``resnext*``); for deep stems (a ``Sequential`` conv1) the first
+    convolution's stride becomes 1.
+    """
+    conv1 = getattr(model, "conv1", None)
+    if conv1 is None or not hasattr(model, "maxpool"):
+        raise ValueError(
+            f"cifar_stem is supported for timm ResNet-family backbones (with conv1/maxpool); {name!r} has none. "
+            "Set cifar_stem: false, or use a larger image_size for this backbone."
+        )
+    if isinstance(conv1, nn.Conv2d):
+        model.conv1 = nn.Conv2d(conv1.in_channels, conv1.out_channels, 3, stride=1, padding=1, bias=conv1.bias is not None)
+    elif isinstance(conv1, nn.Sequential) and isinstance(conv1[0], nn.Conv2d):
+        c = conv1[0]
+        conv1[0] = nn.Conv2d(c.in_channels, c.out_channels, 3, stride=1, padding=1, bias=c.bias is not None)
+    else:  # pragma: no cover - exotic stems
+        raise ValueError(f"cannot apply cifar_stem to {name!r}: unexpected conv1 of type {type(conv1).__name__}")
+    model.maxpool = nn.Identity()
+    return model
+
+
+def create_backbone(
+    name: str = "resnet18",
+    pretrained: bool | str = False,
+    cifar_stem: bool = False,
+    in_chans: int = 3,
+    **kwargs: Any,
+) -> tuple[nn.Module, int]:
+    """Create a timm feature extractor (classifier removed, global pooling kept).
+
+    Args:
+        name: any timm model name (``timm.list_models()``), e.g. ``resnet18``, ``resnet50``,
+            ``convnext_tiny``, ``vit_small_patch16_224``.
+        pretrained: ``False`` (random init), ``True`` (timm's default weights from the
+            Hugging Face hub) or a path to a local checkpoint file.
+        cifar_stem: 3x3/1 stem without max-pool for 32x32 images (ResNet family).
+        in_chans: input channels.
+        **kwargs: passed to ``timm.create_model`` (e.g. ``drop_path_rate``).
+
+    Returns:
+        ``(model, num_features)``: ``model(x)`` maps ``[B, in_chans, H, W]`` to ``[B, num_features]``.
+    """
+    if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
+        raise ValueError(f"Unknown timm backbone {name!r}.{_suggest(str(name))}")
+    create_kwargs: dict[str, Any] = dict(num_classes=0, in_chans=in_chans, **kwargs)
+    if isinstance(pretrained, str) and pretrained.lower() not in ("true", "false"):
+        path = os.path.expanduser(pretrained)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"pretrained checkpoint {path!r} for backbone {name!r} does not exist. "
+                "Give a local weights file, pretrained: true (download), or pretrained: false."
+            )
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), **create_kwargs)
+    elif pretrained is True or (isinstance(pretrained, str) and pretrained.lower() == "true"):
+        model = load_pretrained(
+            lambda: timm.create_model(name, pretrained=True, **create_kwargs),
+            what=f"timm backbone {name!r}",
+            fix="Set pretrained: false (random init), or pretrained: /path/to/weights.pth (a local checkpoint).",
+        )
+    else:
+        model = timm.create_model(name, pretrained=False, **create_kwargs)
+    if cifar_stem:
+        apply_cifar_stem(model, name)
+    num_features = int(getattr(model, "num_features"))
+    return model, num_features
+
+
+@torch.no_grad()
+def infer_feature_dim(model: nn.Module, image_size: int = 32, in_chans: int = 3) -> int:
+    """Feature dimension of ``model`` found by a forward pass (for non-timm encoders)."""
+    was_training = model.training
+    model.eval()
+    out = model(torch.zeros(2, in_chans, image_size, image_size))
+    model.train(was_training)
+    return int(out.shape[-1])

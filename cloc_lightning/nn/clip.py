@@ -1,0 +1,287 @@
+"""Loading CLIP models from open_clip, offline-safe.
+
+:func:`load_clip` is the one place that turns ``clip_model`` / ``pretrained`` config
+values into an open_clip model and its tokenizer. It adds three things on top of
+:func:`open_clip.create_model`:
+
+* an unknown model name is a :class:`ValueError` that lists close names;
+* a ``pretrained`` *tag* (``"openai"``, ``"laion2b_s34b_b79k"``, ...) is first looked up in
+  the local caches (Hugging Face hub cache, or ``~/.cache/clip`` for URL-only tags); a
+  cached checkpoint is loaded from disk without touching the network at all;
+* a tag that is not cached fails within about a second when the machine is offline
+  (``HF_HUB_OFFLINE=1``, or the hub/URL host cannot be reached with a short probe)
+  instead of the ~50 s of retries that ``huggingface_hub`` does by default, with a
+  message that names the fixes (``pretrained: null``, a local checkpoint path, or
+  downloading once with network).
+
+References: open_clip (https://github.com/mlfoundations/open_clip, ``factory.create_model``,
+``pretrained.download_pretrained``); OrdinalCLIP (Li et al., NeurIPS 2022,
+arXiv 2206.02338, https://github.com/xk-huang/OrdinalCLIP) uses CLIP RN50 / ViT-B-16 /
+ViT-B-32 with OpenAI weights.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from typing import Any
+
+from torch import nn
+
+__all__ = [
+    "PretrainedUnavailableError",
+    "load_clip",
+    "build_open_clip_visual",
+    "HUB_PROBE_TIMEOUT_S",
+]
+
+#: Seconds allowed for the single reachability probe made before downloading a tag
+#: that is not cached (connect + first byte). Module-level so tests/users can change it.
+HUB_PROBE_TIMEOUT_S: float = 3.0
+
+_PRECISIONS = ("fp32", "fp16", "bf16", "pure_fp16", "pure_bf16", "amp", "amp_bf16", "amp_bfloat16")
+_TRUE_VALUES = {"1", "on", "yes", "true"}
+
+
+class PretrainedUnavailableError(ValueError):
+    """``pretrained`` names weights that are neither cached nor downloadable right now."""
+
+
+def _offline_mode() -> bool:
+    """True when the user asked huggingface_hub to stay offline (read at call time)."""
+    try:
+        from huggingface_hub import constants as hf_constants
+
+        if getattr(hf_constants, "HF_HUB_OFFLINE", False):
+            return True
+    except Exception:  # pragma: no cover - huggingface_hub is a dependency of open_clip
+        pass
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE_VALUES
+
+
+def _close_model_names(name: str, available: list[str], n: int = 5) -> list[str]:
+    lowered = {m.lower(): m for m in available}
+    close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.4)]
+    return close or sorted(available)[:n]
+
+
+def _validate_model_name(clip_model: str) -> None:
+    import open_clip
+
+    if not isinstance(clip_model, str) or not clip_model:
+        raise TypeError(f"clip_model must be a non-empty open_clip model name (e.g. 'ViT-B-32'), got {clip_model!r}")
+    if clip_model.startswith(("hf-hub:", "local-dir:")):
+        return  # open_clip resolves these schemas itself
+    available = open_clip.list_models()
+    if clip_model.replace("/", "-") in available:
+        return
+    close = _close_model_names(clip_model, available)
+    raise ValueError(
+        f"Unknown open_clip model name {clip_model!r}. Close names: {close}. "
+        "See open_clip.list_models() for all names (e.g. 'RN50', 'ViT-B-32', 'ViT-S-32-alt')."
+    )
+
+
+def _fix_hint(clip_model: str, tag: str) -> str:
+    return (
+        f"Fixes: set `pretrained: null` (random init, what the tests use), pass a local checkpoint "
+        f"path as `pretrained`, or download once on a machine with network "
+        f"(python -c \"import open_clip; open_clip.create_model('{clip_model}', pretrained='{tag}')\") "
+        "and copy the Hugging Face cache (HF_HOME) / ~/.cache/clip here."
+    )
+
+
+def _probe(url: str, timeout: float) -> str | None:
+    """Return None if ``url``'s host answers an HTTP request within ``timeout`` s, else the error."""
+    if "/resolve/" in url:  # a Hugging Face hub file: use the hub client (proxies, tokens, endpoint)
+        from huggingface_hub import get_hf_file_metadata
+        from huggingface_hub.errors import HfHubHTTPError
+
+        try:
+            get_hf_file_metadata(url, timeout=timeout)
+            return None
+        except HfHubHTTPError:
+            return None  # the hub answered (e.g. 401/404); let the real download report it
+        except Exception as exc:  # connection refused, DNS failure, timeout, offline mode ...
+            return f"{type(exc).__name__}: {exc}"
+    try:
+        req = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(req, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None  # the host answered; let the real download report HTTP problems
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _resolve_tag(clip_model: str, tag: str, cfg: dict[str, Any], cache_dir: str | None) -> str | None:
+    """Local path of a cached checkpoint for ``tag``, or None when it has to be downloaded.
+
+    Raises :class:`PretrainedUnavailableError` quickly when the download cannot work.
+    """
+    if "file" in cfg:
+        return str(cfg["file"])
+    hf_hub = cfg.get("hf_hub", "")
+    url = cfg.get("url", "")
+    where: list[str] = []
+    if hf_hub:
+        from huggingface_hub import constants as hf_constants
+        from huggingface_hub import hf_hub_url, try_to_load_from_cache
+        from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
+
+        repo_id, filename = os.path.split(hf_hub)
+        filename = filename or HF_WEIGHTS_NAME
+        candidates = []
+        if filename == HF_WEIGHTS_NAME:
+            candidates.append(HF_SAFE_WEIGHTS_NAME)
+        elif filename.endswith((".bin", ".pth")):
+            candidates.append(filename[:-4] + ".safetensors")
+        candidates.append(filename)
+        for name in candidates:
+            hit = try_to_load_from_cache(repo_id, name, cache_dir=cache_dir)
+            if isinstance(hit, str) and os.path.isfile(hit):
+                return hit
+        hub_cache = cache_dir or hf_constants.HF_HUB_CACHE
+        where.append(f"Hugging Face cache {hub_cache} (repo {repo_id}, files {candidates})")
+        probe_url = hf_hub_url(repo_id, filename, endpoint=hf_constants.ENDPOINT)
+    else:
+        clip_cache = cache_dir or os.path.expanduser("~/.cache/clip")
+        target = os.path.join(clip_cache, os.path.basename(urllib.parse.urlparse(url).path))
+        if os.path.isfile(target):
+            from open_clip.pretrained import download_pretrained_from_url
+
+            # verifies the checksum of the cached file; no network when it matches
+            return download_pretrained_from_url(url, cache_dir=clip_cache)
+        where.append(f"{target}")
+        probe_url = url
+    if _offline_mode():
+        raise PretrainedUnavailableError(
+            f"pretrained={tag!r} for {clip_model!r} is not cached ({'; '.join(where)}) and "
+            f"HF_HUB_OFFLINE is set, so it cannot be downloaded. {_fix_hint(clip_model, tag)}"
+        )
+    err = _probe(probe_url, HUB_PROBE_TIMEOUT_S)
+    if err is not None:
+        raise PretrainedUnavailableError(
+            f"pretrained={tag!r} for {clip_model!r} is not cached ({'; '.join(where)}) and "
+            f"{probe_url} cannot be reached within {HUB_PROBE_TIMEOUT_S:g} s ({err}); no network? "
+            f"{_fix_hint(clip_model, tag)}"
+        )
+    return None  # reachable: let open_clip download it
+
+
+def load_clip(
+    clip_model: str,
+    pretrained: str | None,
+    precision: str = "fp32",
+    cache_dir: str | None = None,
+) -> tuple[nn.Module, Any]:
+    """Build an open_clip CLIP model and its tokenizer.
+
+    Args:
+        clip_model: open_clip model name (``open_clip.list_models()``), e.g. ``"RN50"``,
+            ``"ViT-B-32"``, ``"ViT-S-32-alt"``; ``"hf-hub:org/repo"`` and
+            ``"local-dir:/path"`` are passed to open_clip unchanged.
+        pretrained: ``None`` (or ``""``) → random initialisation; an open_clip tag for this
+            model (``open_clip.list_pretrained_tags_by_model(clip_model)``, e.g. ``"openai"``);
+            or the path of a local checkpoint file (an open_clip / OpenAI state dict).
+        precision: open_clip precision (``"fp32"``, ``"fp16"``, ``"bf16"``, ``"pure_fp16"``,
+            ``"pure_bf16"``, ``"amp"``, ``"amp_bf16"``).
+        cache_dir: download/cache folder passed to open_clip (the Hugging Face hub cache
+            folder for hub-hosted tags; default ``$HF_HOME/hub``, or ``~/.cache/clip`` for URL tags).
+
+    Returns:
+        ``(model, tokenizer)``: the model in eval mode on CPU, and ``open_clip.get_tokenizer(clip_model)``
+        (a callable ``list[str] -> LongTensor [N, context_length]``).
+
+    Raises:
+        ValueError: unknown model name (with close names), unknown precision, or a ``pretrained``
+            value that is neither a tag of this model nor an existing file.
+        PretrainedUnavailableError (a ValueError): a tag that is not cached while offline
+            (``HF_HUB_OFFLINE=1``) or while its host cannot be reached within
+            :data:`HUB_PROBE_TIMEOUT_S` seconds.
+
+    Example:
+        >>> model, tokenizer = load_clip("ViT-S-32-alt", pretrained=None)  # doctest: +SKIP
+        >>> model, tokenizer = load_clip("RN50", pretrained="openai")      # needs network or cache
+    """
+    import open_clip
+    from open_clip.pretrained import get_pretrained_cfg, list_pretrained_tags_by_model
+
+    _validate_model_name(clip_model)
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {_PRECISIONS}, got {precision!r}")
+    if pretrained is not None and not isinstance(pretrained, (str, os.PathLike)):
+        raise TypeError(f"pretrained must be None, an open_clip tag or a file path, got {type(pretrained).__name__}")
+    pretrained = os.fspath(pretrained) if pretrained else None
+
+    create_kwargs: dict[str, Any] = dict(precision=precision, cache_dir=cache_dir)
+    has_schema = clip_model.startswith(("hf-hub:", "local-dir:"))
+    if pretrained is not None and not has_schema:
+        name = clip_model.replace("/", "-")
+        cfg = get_pretrained_cfg(name, pretrained)
+        if cfg:
+            local = _resolve_tag(clip_model, pretrained, cfg, cache_dir)
+            if local is not None:
+                model_cfg = open_clip.get_model_config(name) or {}
+                if bool(cfg.get("quick_gelu", False)) != bool(model_cfg.get("quick_gelu", False)):
+                    warnings.warn(
+                        f"pretrained={pretrained!r} was trained with quick_gelu={cfg.get('quick_gelu', False)} "
+                        f"but {clip_model!r} uses quick_gelu={model_cfg.get('quick_gelu', False)}; "
+                        f"use '{name}-quickgelu' for an exact match (open_clip warns the same).",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+                pretrained = local
+        elif not os.path.isfile(pretrained):
+            tags = list_pretrained_tags_by_model(name)
+            raise ValueError(
+                f"pretrained={pretrained!r} is neither a known open_clip tag for {clip_model!r} "
+                f"(tags: {tags}) nor an existing checkpoint file. Use one of the tags, a local path, "
+                "or `pretrained: null` for random init."
+            )
+    model = open_clip.create_model(clip_model, pretrained=pretrained, **create_kwargs)
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(clip_model, cache_dir=cache_dir)
+    return model, tokenizer
+
+
+def build_open_clip_visual(
+    clip_model: str | None = None,
+    embed_dim: int | None = None,
+    vision_cfg: dict[str, Any] | None = None,
+    quick_gelu: bool | None = None,
+) -> nn.Module:
+    """Build (randomly initialised) the visual tower of an open_clip architecture, without its text tower.
+
+    Used to re-create an exported image encoder before loading its state dict
+    (see :class:`cloc_lightning.nn.prompt_learner.PrototypeClassifier`).
+
+    Args:
+        clip_model: open_clip model name whose ``embed_dim`` / ``vision_cfg`` / ``quick_gelu`` are used.
+        embed_dim: output feature dimension D (overrides the model config).
+        vision_cfg: open_clip ``CLIPVisionCfg`` fields as a dict (overrides the model config).
+        quick_gelu: activation flag (overrides the model config).
+
+    Returns:
+        ``nn.Module`` mapping images ``[N, 3, H, W]`` to features ``[N, D]``.
+    """
+    import open_clip
+    from open_clip.model import _build_vision_tower
+
+    cfg: dict[str, Any] = {}
+    if clip_model is not None:
+        _validate_model_name(clip_model)
+        cfg = dict(open_clip.get_model_config(clip_model.replace("/", "-")) or {})
+    if embed_dim is not None:
+        cfg["embed_dim"] = embed_dim
+    if vision_cfg is not None:
+        cfg["vision_cfg"] = dict(vision_cfg)
+    if quick_gelu is not None:
+        cfg["quick_gelu"] = quick_gelu
+    if "embed_dim" not in cfg or "vision_cfg" not in cfg:
+        raise ValueError("build_open_clip_visual needs clip_model, or both embed_dim and vision_cfg")
+    return _build_vision_tower(cfg["embed_dim"], cfg["vision_cfg"], bool(cfg.get("quick_gelu", False)), None)
