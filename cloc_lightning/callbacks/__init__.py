@@ -1,5 +1,6 @@
-"""Callbacks: prediction writer (more come with the methods)."""
+"""Callbacks: CLOC margin freezing and plots, prediction writer."""
 
+from cloc_lightning.callbacks.cloc import CLOCMarginFreeze, CLOCMarginPlot
 from cloc_lightning.callbacks.predictions import PredictionWriter
 
-__all__ = ["PredictionWriter"]
+__all__ = ["CLOCMarginFreeze", "CLOCMarginPlot", "PredictionWriter"]

@@ -27,6 +27,7 @@ and validates YAML from them); subclasses forward the shared ones with
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, ClassVar, Literal, Sequence
 
 import lightning as L
@@ -92,6 +93,9 @@ class BaseModule(L.LightningModule):
         min_lr_ratio: final cosine learning rate as a fraction of the base rate.
         lr_milestones: epochs at which ``step`` multiplies the rate by ``lr_gamma``.
         lr_gamma: decay factor of the ``step`` schedule.
+        init_from: a checkpoint (ours or a plain ``state_dict`` file) whose matching
+            weights initialise this module before training (weights only: no
+            optimiser state, epoch or hyper-parameters; ``--ckpt_path`` resumes instead).
     """
 
     #: metric the default checkpoint callback monitors, and whether lower is better
@@ -99,6 +103,8 @@ class BaseModule(L.LightningModule):
     monitor_mode: Literal["min", "max"] = "min"
     #: constructor arguments not stored in ``hparams`` (non-serialisable objects)
     hparams_ignore: ClassVar[tuple[str, ...]] = ()
+    #: state_dict key prefixes that ``init_from`` never loads
+    init_from_exclude: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -116,6 +122,7 @@ class BaseModule(L.LightningModule):
         min_lr_ratio: float = 0.0,
         lr_milestones: list[int] | None = None,
         lr_gamma: float = 0.1,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         if lr <= 0:
@@ -128,6 +135,7 @@ class BaseModule(L.LightningModule):
             raise ValueError(f"scheduler must be cosine|step|none, got {scheduler!r}")
         self.save_hyperparameters(ignore=list(self.hparams_ignore))
         self.backbone, self.feature_dim = self.build_backbone()
+        self._initialised_from: str | None = None
 
     # ------------------------------------------------------------------ hooks
     def build_backbone(self) -> tuple[nn.Module, int]:
@@ -195,6 +203,43 @@ class BaseModule(L.LightningModule):
         if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
         return callbacks
+
+    # ---------------------------------------------------------------- lifecycle
+    def setup(self, stage: str) -> None:
+        """Apply ``init_from`` once, unless a checkpoint is being resumed (``--ckpt_path``)."""
+        path = self.hparams.get("init_from")
+        resuming = self._trainer is not None and self.trainer.ckpt_path is not None
+        if path and not resuming and self._initialised_from != path:
+            self.load_weights(path)
+            self._initialised_from = path
+
+    def load_weights(self, path: str) -> dict[str, list[str]]:
+        """Load the matching weights of a checkpoint (weights only); report what did not match.
+
+        Keys under :attr:`init_from_exclude` are skipped; a key present in both with a
+        different shape is an error.  Returns ``{'loaded', 'missing', 'unexpected'}``.
+        """
+        if not os.path.isfile(os.path.expanduser(path)):
+            raise FileNotFoundError(f"init_from checkpoint {path!r} does not exist; give the path of a .ckpt file")
+        ckpt = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=False)
+        state = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
+        if not isinstance(state, dict):
+            raise ValueError(f"{path!r} holds no state_dict")
+        own = self.state_dict()
+        skip = tuple(self.init_from_exclude)
+        take = {k: v for k, v in state.items() if k in own and not k.startswith(skip)}
+        bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in take.items() if v.shape != own[k].shape]
+        if bad:
+            raise ValueError(f"init_from {path!r} does not fit this model (shape mismatch): {bad[:5]}")
+        if not take:
+            raise ValueError(f"init_from {path!r} shares no weights with {type(self).__name__} (keys like {list(state)[:3]})")
+        self.load_state_dict(take, strict=False)
+        missing = [k for k in own if k not in take and not k.startswith(skip)]
+        unexpected = [k for k in state if k not in own]
+        if self._trainer is None or self.trainer.is_global_zero:
+            print(f"init_from {path}: loaded {len(take)} tensors; not in the checkpoint: {len(missing)} {missing[:5]}; "
+                  f"ignored from the checkpoint: {len(unexpected)} {unexpected[:5]}")
+        return {"loaded": list(take), "missing": missing, "unexpected": unexpected}
 
     # ---------------------------------------------------------------- helpers
     def extract_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -269,6 +314,7 @@ class ClassifierModule(BaseModule):
         self.test_metrics = self.build_metrics(task, "test/")
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and hasattr(dm, "num_classes"):
             n = dm.num_classes

@@ -1,0 +1,155 @@
+"""CLOC's two phases and margin plots as Lightning callbacks."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning as L
+import numpy as np
+import yaml
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from cloc_lightning.plots import margin_figure, save_figure
+
+__all__ = ["CLOCMarginFreeze", "CLOCMarginPlot"]
+
+
+def _run_dir(trainer: L.Trainer) -> str:
+    return trainer.log_dir or trainer.default_root_dir
+
+
+def _tb(trainer: L.Trainer) -> Any:
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+class CLOCMarginFreeze(Callback):
+    """End CLOC's phase one: freeze the learned margins and write them as a ``learnable_map``.
+
+    At the start of epoch ``freeze_at_epoch`` the margins of the module's CLOC
+    loss become fixed (no gradient, removed from the optimiser), so the remaining
+    epochs are phase two in the same run.  The all-``fixed`` map is written to
+    ``<log_dir>/<filename>`` and logged (TensorBoard text + stdout).  With
+    ``freeze_at_epoch=None`` nothing is frozen and the map of the final margins is
+    written at the end of fit, ready for a separate phase-two run::
+
+        cloc-lightning fit --config configs/cloc/utkface_phase2.yaml \
+            --model.learnable_map <log_dir>/cloc_margins.yaml --model.init_from <phase1.ckpt>
+
+    Resuming from a checkpoint taken after the freeze keeps the margins fixed.
+    """
+
+    def __init__(self, freeze_at_epoch: int | None = None, filename: str = "cloc_margins.yaml") -> None:
+        if freeze_at_epoch is not None and freeze_at_epoch < 0:
+            raise ValueError(f"freeze_at_epoch must be >= 0 or null, got {freeze_at_epoch}")
+        self.freeze_at_epoch = freeze_at_epoch
+        self.filename = filename
+        self.frozen_at: dict[str, int] | None = None
+        self.path: str | None = None
+
+    @staticmethod
+    def _check(pl_module: L.LightningModule) -> None:
+        if not hasattr(pl_module, "freeze_margins") or not hasattr(pl_module, "cloc_loss"):
+            raise TypeError(f"CLOCMarginFreeze needs a CLOCModule (with cloc_loss/freeze_margins), got {type(pl_module).__name__}")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._check(pl_module)
+
+    def write(self, trainer: L.Trainer, pl_module: Any, learnable_map: list[list[Any]], phase_one_done: bool) -> str:
+        """Write the margins YAML; return its path."""
+        path = os.path.join(_run_dir(trainer), self.filename)
+        payload = {
+            "learnable_map": learnable_map,
+            "margin_mode": pl_module.hparams.margin_mode,
+            "n_classes": pl_module.num_classes,
+            "margin_names": pl_module.cloc_loss.margin_names(),
+            "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "frozen_in_this_run": phase_one_done,
+        }
+        if trainer.is_global_zero:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write("# CLOC margins at the end of phase one; use with --model.learnable_map <this file>\n")
+                yaml.safe_dump(payload, f, sort_keys=False)
+            tb = _tb(trainer)
+            if tb is not None:
+                tb.add_text("cloc/learnable_map", "    " + yaml.safe_dump(learnable_map).replace("\n", "\n    "), trainer.global_step)
+            print(f"CLOC margins ({'frozen' if phase_one_done else 'final'}) written to {path}: {learnable_map}")
+        self.path = path
+        return path
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        at = self.freeze_at_epoch
+        if at is None or trainer.current_epoch < at or getattr(pl_module, "margins_frozen", False):
+            return
+        learnable_map = pl_module.freeze_margins()  # type: ignore[operator]
+        self.frozen_at = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+        self.write(trainer, pl_module, learnable_map, phase_one_done=True)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not getattr(pl_module, "margins_frozen", False):
+            self.write(trainer, pl_module, pl_module.cloc_loss.to_learnable_map("fixed"), phase_one_done=False)  # type: ignore[union-attr]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"frozen_at": self.frozen_at, "freeze_at_epoch": self.freeze_at_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.frozen_at = state_dict.get("frozen_at")
+
+
+class CLOCMarginPlot(Callback):
+    """Record the CLOC margins every ``every_n_steps`` and plot them at the end of fit.
+
+    Writes ``<log_dir>/cloc_margins.png`` (one line per adjacent class pair, the
+    freeze marked) and the same figure to TensorBoard (``cloc/margins``).  The
+    history is part of the callback's checkpoint state, so resumed runs plot the
+    whole training.
+    """
+
+    def __init__(self, every_n_steps: int = 5, filename: str = "cloc_margins.png") -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.filename = filename
+        self.steps: list[int] = []
+        self.values: list[list[float]] = []
+        self.frozen_step: int | None = None
+        self.path: str | None = None
+
+    def _record(self, step: int, pl_module: Any) -> None:
+        if self.steps and self.steps[-1] == step:
+            return
+        self.steps.append(step)
+        self.values.append(pl_module.cloc_loss.margins().detach().float().cpu().tolist())
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._record(trainer.global_step, pl_module)
+        if self.frozen_step is None and getattr(pl_module, "margins_frozen", False):
+            self.frozen_step = trainer.global_step
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record(trainer.global_step, pl_module)
+        if not trainer.is_global_zero or len(self.steps) < 2:
+            return
+        fig = margin_figure(self.steps, np.asarray(self.values), pl_module.cloc_loss.margin_names(), self.frozen_step)  # type: ignore[union-attr]
+        tb = _tb(trainer)
+        if tb is not None:
+            tb.add_figure("cloc/margins", fig, trainer.global_step, close=False)
+        self.path = os.path.join(_run_dir(trainer), self.filename)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        save_figure(fig, self.path)
+        print(f"CLOC margin plot written to {self.path}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "values": self.values, "frozen_step": self.frozen_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps = list(state_dict.get("steps", []))
+        self.values = list(state_dict.get("values", []))
+        self.frozen_step = state_dict.get("frozen_step")

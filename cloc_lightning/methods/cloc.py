@@ -1,0 +1,259 @@
+"""CLOC: cross-entropy + ordinal contrastive multi-margin N-pair loss, trained in two phases.
+
+Pitawela, Carneiro, Chen. *CLOC: Contrastive Learning for Ordinal Classification
+with Multi-Margin N-pair Loss*, CVPR 2025 (arXiv 2504.17813).
+
+The CLOC README's training loop::
+
+    output = model(imgs)
+    loss = cls_criterion(output, labels) + margin_criterion(output, labels, global_step)
+
+is :meth:`CLOCModule.training_step` with ``cloc_on='logits'`` and ``loss_weight=1``.
+Phase one optimises model and margins together; phase two keeps the learned
+margins fixed.  Both phases can run in one fit (the :class:`CLOCMarginFreeze`
+callback freezes at an epoch) or as two runs (``learnable_map`` from the YAML the
+callback writes, weights from ``init_from``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+import yaml
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+
+from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
+from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.nn.heads import MLPHead
+
+__all__ = ["CLOCModule", "load_learnable_map"]
+
+LearnableMap = list[list[Any]]
+
+
+def load_learnable_map(value: LearnableMap | str | None) -> LearnableMap | None:
+    """A ``learnable_map`` from a list, a YAML/JSON file path or a YAML string.
+
+    Files written by :class:`~cloc_lightning.callbacks.CLOCMarginFreeze` hold
+    ``{'learnable_map': [[kind, value], ...], ...}``; a bare list works too.
+    """
+    if value is None or isinstance(value, list):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"learnable_map must be a list of [kind, value] pairs or a YAML file path, got {type(value).__name__}")
+    path = os.path.expanduser(value)
+    if os.path.isfile(path):
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    elif value.strip().startswith("["):
+        loaded = yaml.safe_load(value)
+    else:
+        raise FileNotFoundError(
+            f"learnable_map file {value!r} does not exist; pass the margins YAML written by CLOCMarginFreeze "
+            "(<log_dir>/cloc_margins.yaml) or an inline list like [[fixed, 0.5], [fixed, 0.7]]"
+        )
+    if isinstance(loaded, dict):
+        if "learnable_map" not in loaded:
+            raise ValueError(f"{value!r} has no 'learnable_map' key (keys: {sorted(loaded)})")
+        loaded = loaded["learnable_map"]
+    if not isinstance(loaded, list):
+        raise ValueError(f"{value!r} does not hold a list of [kind, value] pairs")
+    return loaded
+
+
+class CLOCModule(ClassifierModule):
+    """Backbone + classifier trained with ``CE(logits) + loss_weight * CLOC(output)``.
+
+    Args:
+        num_classes: number of ordinal classes ``C``.
+        margin_mode: ``mm`` (a margin per adjacent class pair,
+            :class:`~cloc_lightning.losses.OrdinalContrastiveLoss_mm`) or ``sm``
+            (one shared margin, :class:`~cloc_lightning.losses.OrdinalContrastiveLoss_sm`).
+        learnable_map: ``None`` (all margins learnable, U(0.5, 1.0)), a list of
+            ``[kind, value]`` pairs (``C - 1`` for mm, 1 for sm; kinds ``learnable`` /
+            ``fixed``; value = the margin) or the path of a margins YAML file.
+        loss_weight: ``lambda`` of the CLOC term.
+        cloc_on: ``logits`` (as the CLOC README loop: the loss sees the classifier
+            output) or ``features`` (backbone features, or their projection).
+        projector_dim: with ``cloc_on='features'``, an MLP projector
+            ``feature_dim -> feature_dim -> projector_dim`` feeds the loss (``None``: raw features).
+        reduction: ``official`` (per-anchor sum / (|P|·|N|²), as the official code) or
+            ``mean`` (/ (|P|·|N|)); see :mod:`cloc_lightning.losses.cloc`.
+        margin_lr: learning rate of the margins (default: the base ``lr``).
+        margin_weight_decay: weight decay of the margins (default 0).
+        gather_distributed: under DDP, contrast each rank's anchors with the global
+            batch (features with gradients, labels gathered); a no-op on one process.
+        log_margins_every_n_steps: how often margins are logged (``margins/C{i}-C{i+1}``).
+        **kwargs: :class:`~cloc_lightning.methods.base.ClassifierModule` and
+            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``backbone``,
+            ``init_from``, ``optimizer`` (Adam by default, as the CLOC README), ``lr``, ...).
+    """
+
+    #: weights of the CLOC criterion never come from ``init_from`` (phase two sets its own margins)
+    init_from_exclude = ("cloc_loss.",)
+
+    def __init__(
+        self,
+        num_classes: int,
+        margin_mode: Literal["mm", "sm"] = "mm",
+        learnable_map: LearnableMap | str | None = None,
+        loss_weight: float = 1.0,
+        cloc_on: Literal["logits", "features"] = "logits",
+        projector_dim: int | None = None,
+        reduction: Literal["official", "mean"] = "official",
+        margin_lr: float | None = None,
+        margin_weight_decay: float = 0.0,
+        gather_distributed: bool = True,
+        log_margins_every_n_steps: int = 10,
+        **kwargs: Any,
+    ) -> None:
+        if margin_mode not in ("mm", "sm"):
+            raise ValueError(f"margin_mode must be 'mm' or 'sm', got {margin_mode!r}")
+        if cloc_on not in ("logits", "features"):
+            raise ValueError(f"cloc_on must be 'logits' or 'features', got {cloc_on!r}")
+        if loss_weight < 0:
+            raise ValueError(f"loss_weight must be >= 0, got {loss_weight}")
+        if projector_dim is not None and cloc_on != "features":
+            raise ValueError("projector_dim only applies with cloc_on: features")
+        resolved_map = load_learnable_map(learnable_map)
+        super().__init__(num_classes=num_classes, **kwargs)
+        # store the resolved map, so a checkpoint does not depend on the YAML file
+        self.hparams["learnable_map"] = resolved_map
+        self.projector = self.build_projector()
+        self.cloc_loss = self.build_loss()
+        self.margins_frozen = False
+
+    # ------------------------------------------------------------------ hooks
+    def build_projector(self) -> nn.Module:
+        """What maps backbone features to the CLOC embedding when ``cloc_on='features'``."""
+        dim = self.hparams.projector_dim
+        if self.hparams.cloc_on != "features" or dim is None:
+            return nn.Identity()
+        return MLPHead(self.feature_dim, self.feature_dim, dim)
+
+    def build_loss(self) -> OrdinalContrastiveLoss_mm | OrdinalContrastiveLoss_sm:
+        """The CLOC criterion (its margins are parameters/buffers of this module)."""
+        h = self.hparams
+        cls = OrdinalContrastiveLoss_mm if h.margin_mode == "mm" else OrdinalContrastiveLoss_sm
+        return cls(
+            self.num_classes,
+            learnable_map=h.learnable_map,
+            reduction=h.reduction,
+            gather_distributed=h.gather_distributed,
+        )
+
+    def margin_parameters(self) -> list[nn.Parameter]:
+        """The trainable raw margins (empty when all are fixed or frozen)."""
+        return [p for p in self.cloc_loss.parameters() if p.requires_grad and p.numel() > 0]
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Model parameters with the base settings; margins in their own group (``margin_lr``/``margin_weight_decay``)."""
+        margin_ids = {id(p) for p in self.cloc_loss.parameters()}
+        model = [p for p in self.parameters() if p.requires_grad and id(p) not in margin_ids]
+        groups: list[dict[str, Any]] = [{"name": "model", "params": model}]
+        margins = self.margin_parameters()
+        if margins:
+            h = self.hparams
+            groups.append(
+                {"name": "margins", "params": margins, "lr": h.margin_lr or h.lr, "weight_decay": h.margin_weight_decay}
+            )
+        return groups
+
+    # ---------------------------------------------------------------- margins
+    def freeze_margins(self) -> list[list[Any]]:
+        """Stop the margins from learning (phase two): no grad, out of the optimiser.
+
+        Returns the all-``fixed`` ``learnable_map`` of the current margins.  Safe to
+        call again; called by :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.
+        """
+        params = list(self.cloc_loss.parameters())
+        for p in params:
+            p.requires_grad_(False)
+            p.grad = None
+        self.margins_frozen = True
+        if self._trainer is not None and self.trainer.optimizers:
+            _remove_params_from_optimizer(self.trainer, params)
+        return self.cloc_loss.to_learnable_map("fixed")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["cloc"] = {
+            "margins_frozen": self.margins_frozen,
+            "learnable_map": self.cloc_loss.to_learnable_map("fixed" if self.margins_frozen else "learnable"),
+            "margin_names": self.cloc_loss.margin_names(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("cloc", {}).get("margins_frozen"):
+            for p in self.cloc_loss.parameters():
+                p.requires_grad_(False)
+            self.margins_frozen = True
+
+    def configure_callbacks(self) -> list[Any]:
+        """The base callbacks plus a :class:`~cloc_lightning.callbacks.CLOCMarginPlot` unless one is configured."""
+        from cloc_lightning.callbacks.cloc import CLOCMarginPlot
+
+        callbacks = super().configure_callbacks()
+        if self._trainer is not None and not any(isinstance(cb, CLOCMarginPlot) for cb in self.trainer.callbacks):
+            callbacks.append(CLOCMarginPlot())
+        return callbacks
+
+    # ------------------------------------------------------------------- steps
+    def on_fit_start(self) -> None:
+        logger = self.logger
+        if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
+            tags = [f"margins/{n}" for n in self.cloc_loss.logged_names()]
+            logger.experiment.add_custom_scalars({"Class Distances": {"margins": ["Multiline", tags]}})
+
+    def cloc_embedding(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """What the CLOC loss sees: the logits, or the (projected) features."""
+        return logits if self.hparams.cloc_on == "logits" else self.projector(features)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
+        features = self.backbone(x)
+        logits = self.head(features)
+        ce = F.cross_entropy(logits.float(), y)
+        cloc = self.cloc_loss(self.cloc_embedding(features, logits), y)
+        loss = ce + self.hparams.loss_weight * cloc
+        n = y.shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        self.log("train/ce", ce, batch_size=n)
+        self.log("train/cloc", cloc, batch_size=n)
+        self.log("train/acc", (logits.argmax(1) == y).float().mean(), batch_size=n)
+        every = self.hparams.log_margins_every_n_steps
+        if every and self.global_step % every == 0:
+            values = self.cloc_loss.margin_scalars()
+            self.log_dict({f"margins/{k}": v for k, v in values.items()}, batch_size=n)
+        return loss
+
+
+def _remove_params_from_optimizer(trainer: Any, params: list[nn.Parameter]) -> None:
+    """Drop ``params`` (and their state) from every optimiser; empty groups go, with their scheduler entries."""
+    ids = {id(p) for p in params}
+    for opt_idx, opt in enumerate(trainer.optimizers):
+        removed: list[int] = []
+        for gi, group in enumerate(opt.param_groups):
+            kept = [p for p in group["params"] if id(p) not in ids]
+            for p in group["params"]:
+                if id(p) in ids:
+                    opt.state.pop(p, None)
+            group["params"] = kept
+            if not kept:
+                removed.append(gi)
+        for gi in reversed(removed):
+            del opt.param_groups[gi]
+        if not removed:
+            continue
+        for cfg in trainer.lr_scheduler_configs:
+            sched = cfg.scheduler
+            if getattr(sched, "optimizer", None) is not opt:
+                continue
+            for attr in ("base_lrs", "_last_lr", "lr_lambdas"):
+                seq = getattr(sched, attr, None)
+                if isinstance(seq, list) and len(seq) == len(opt.param_groups) + len(removed):
+                    for gi in reversed(removed):
+                        del seq[gi]
