@@ -127,11 +127,13 @@ class CLOCMarginPlot(Callback):
         self.steps.append(step)
         self.values.append(pl_module.cloc_loss.margins().detach().float().cpu().tolist())
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.frozen_step is None and getattr(pl_module, "margins_frozen", False):
+            self.frozen_step = trainer.global_step
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:
             self._record(trainer.global_step, pl_module)
-        if self.frozen_step is None and getattr(pl_module, "margins_frozen", False):
-            self.frozen_step = trainer.global_step
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._record(trainer.global_step, pl_module)

@@ -32,6 +32,8 @@ from typing import Any
 
 from torch import nn
 
+from .hub import PretrainedUnavailableError  # the project's one error for "weights not available"
+
 __all__ = [
     "PretrainedUnavailableError",
     "load_clip",
@@ -45,10 +47,6 @@ HUB_PROBE_TIMEOUT_S: float = 3.0
 
 _PRECISIONS = ("fp32", "fp16", "bf16", "pure_fp16", "pure_bf16", "amp", "amp_bf16", "amp_bfloat16")
 _TRUE_VALUES = {"1", "on", "yes", "true"}
-
-
-class PretrainedUnavailableError(ValueError):
-    """``pretrained`` names weights that are neither cached nor downloadable right now."""
 
 
 def _offline_mode() -> bool:
@@ -200,7 +198,7 @@ def load_clip(
     Raises:
         ValueError: unknown model name (with close names), unknown precision, or a ``pretrained``
             value that is neither a tag of this model nor an existing file.
-        PretrainedUnavailableError (a ValueError): a tag that is not cached while offline
+        PretrainedUnavailableError (``cloc_lightning.nn.hub``, a RuntimeError): a tag that is not cached while offline
             (``HF_HUB_OFFLINE=1``) or while its host cannot be reached within
             :data:`HUB_PROBE_TIMEOUT_S` seconds.
 

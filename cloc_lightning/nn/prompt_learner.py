@@ -11,7 +11,7 @@ regression into image–text matching: every rank ``r`` gets a prompt
 whose CLIP text feature is the rank's *language prototype*. The context tokens and the rank
 embeddings are learned, the text encoder is frozen. The rank embeddings of all R ranks are
 linear interpolations of B ≤ R learnable *base* rank embeddings, which builds the order of the
-ranks into the prompts (Sec. 3.3 of the paper).
+ranks into the prompts (the paper's "learnable rank embeddings" with interpolation).
 
 After training the R prototypes are fixed vectors, so the text encoder can be dropped:
 :class:`PrototypeClassifier` predicts from an image with the image encoder and an [R, D] matrix,
@@ -73,7 +73,7 @@ def rank_interpolation_weights(
     kind: InterpolationKind = "linear",
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """Weights that build R rank embeddings from B base rank embeddings (OrdinalCLIP Sec. 3.3).
+    """Weights that build R rank embeddings from B base rank embeddings (OrdinalCLIP, arXiv 2206.02338).
 
     Base rank ``b`` sits at position ``p_b = linspace(0, R-1, B)[b]`` on the rank axis (B = 1: the
     middle, ``(R-1)/2``). With ``d[r, b] = |r - p_b|`` the unnormalised weight is
@@ -300,7 +300,8 @@ class RankPromptLearner(nn.Module):
       BPE tokens of that text and ``num_context_tokens`` is ignored);
     * base ranks: N(0, 0.02), or the token embeddings of rank names. ``init_rank_names`` may
       hold B names (one per base rank, in rank order) or R names (one per rank; the B names at
-      the base positions ``round(linspace(0, R-1, B))`` — B = 1: the middle rank — are used).
+      the base positions ``round(linspace(0, R-1, B))`` — Python's round, half to even; B = 1:
+      the middle rank ``round((R-1)/2)`` — are used).
       T then becomes the largest BPE token count among the used names and shorter names are
       padded with the pad token's embedding (id 0), as the reference pads with token 0.
 
@@ -316,7 +317,8 @@ class RankPromptLearner(nn.Module):
         num_tokens_per_rank: T >= 1 tokens per rank (ignored with ``init_rank_names``).
         num_context_tokens: N >= 0 context tokens (ignored with ``init_context``).
         init_context: text to initialise the context from, e.g.
-            ``"age estimation: the age of the person is"``; ``None`` → random.
+            ``"age estimation: the age of the person is"``; ``None`` → random. Underscores are
+            read as spaces (as in the reference, for command-line values); same for rank names.
         rank_specific_context: one context per rank (``[R, N, W]``) instead of a shared one.
         init_rank_names: B or R names to initialise the base rank embeddings; ``None`` → random.
         interpolation: ``"linear"``, ``"inv_prop"`` or ``"normal"``.
@@ -596,8 +598,9 @@ class PrototypeClassifier(nn.Module):
 
     ``logits = exp(logit_scale) * cos(image_encoder(x), prototypes)``: one ``[N, D] x [D, R]``
     matmul on the normalised image features, i.e. the cost of a linear head (the prototypes
-    are stored already L2-normalised). OrdinalCLIP paper, Sec. 3.4 / Table 7 ("zero additional
-    overhead"); reference ``OrdinalCLIP.forward`` (logit_scale.exp() * image @ text.T).
+    are stored already L2-normalised). The paper (arXiv 2206.02338) points out that only the
+    language prototypes need to be kept, with zero extra cost over a linear head; reference
+    ``OrdinalCLIP.forward`` (``logit_scale.exp() * image @ text.T``).
 
     Buffers: ``prototypes`` ``[R, D]`` (unit rows), ``logit_scale`` (scalar, the *log* of the
     multiplier, like CLIP's ``logit_scale``), ``rank_values`` ``[R]`` (the value of each rank
@@ -662,7 +665,8 @@ class PrototypeClassifier(nn.Module):
         self.image_encoder = image_encoder
         self.encoder_builder = encoder_builder
         self.register_buffer("prototypes", F.normalize(prototypes.float(), dim=-1))
-        self.register_buffer("logit_scale", torch.as_tensor(logit_scale, dtype=torch.float32).detach().clone().reshape(()))
+        scale = torch.as_tensor(logit_scale, dtype=torch.float32).detach().clone().reshape(())
+        self.register_buffer("logit_scale", scale)
         self.register_buffer("rank_values", rank_values)
 
     @classmethod
@@ -733,7 +737,9 @@ class PrototypeClassifier(nn.Module):
         torch.save(payload, path)
 
     @classmethod
-    def load(cls, path: str | Any, map_location: str | torch.device = "cpu", allow_pickle: bool = True) -> PrototypeClassifier:
+    def load(
+        cls, path: str | Any, map_location: str | torch.device = "cpu", allow_pickle: bool = True
+    ) -> PrototypeClassifier:
         """Load a file written by :meth:`save`; the classifier is returned in eval mode.
 
         Args:
@@ -769,6 +775,8 @@ class PrototypeClassifier(nn.Module):
         else:
             encoder = payload["encoder_module"]
         clf = cls(encoder, payload["prototypes"], payload["logit_scale"], payload["rank_values"], builder)
+        with torch.no_grad():  # stored already normalised: keep the exact bits (no second normalisation)
+            clf.prototypes.copy_(payload["prototypes"])
         return clf.to(map_location).eval()
 
 

@@ -1,0 +1,163 @@
+"""CLOCModule, the two-phase callbacks and the phase-two path through the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from cloc_lightning.callbacks import CLOCMarginFreeze, CLOCMarginPlot
+from cloc_lightning.data import OrdinalShapesDataModule
+from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
+from cloc_lightning.methods import CLOCModule
+from cloc_lightning.methods.cloc import load_learnable_map
+from tests.conftest import REPO, TINY_BACKBONE, run_cli
+
+
+def _dm() -> OrdinalShapesDataModule:
+    return OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
+
+
+def _trainer(tmp_path: Path, callbacks=(), **kw) -> L.Trainer:
+    args = dict(
+        max_epochs=2, accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
+        logger=TensorBoardLogger(str(tmp_path), name="t"), callbacks=list(callbacks), log_every_n_steps=1,
+    )
+    args.update(kw)
+    return L.Trainer(**args)
+
+
+def test_loss_choice_and_param_groups() -> None:
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, margin_weight_decay=0.0, lr=1e-3)
+    assert isinstance(m.cloc_loss, OrdinalContrastiveLoss_mm)
+    groups = {g["name"]: g for g in m.param_groups()}
+    assert groups["margins"]["lr"] == 0.05 and groups["margins"]["params"][0] is m.cloc_loss.learnables
+    assert all(p is not m.cloc_loss.learnables for p in groups["model"]["params"])
+    sm = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_mode="sm", learnable_map=[["fixed", 0.3]])
+    assert isinstance(sm.cloc_loss, OrdinalContrastiveLoss_sm)
+    assert [g["name"] for g in sm.param_groups()] == ["model"]  # a fixed margin is not optimised
+    feat = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="features", projector_dim=16)
+    x = torch.randn(3, 3, 32, 32)
+    f = feat.backbone(x)
+    assert feat.cloc_embedding(f, feat.head(f)).shape == (3, 16)
+
+
+def test_training_step_is_ce_plus_weighted_cloc() -> None:
+    torch.manual_seed(0)
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, loss_weight=0.5)
+    m.eval()  # deterministic BN for recomputation
+    x, y = torch.randn(8, 3, 32, 32), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    logits = m(x)
+    expected = torch.nn.functional.cross_entropy(logits, y) + 0.5 * m.cloc_loss(logits, y)
+    assert torch.allclose(m.training_step((x, y), 0), expected)
+
+
+def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=1)
+    freeze, plot = CLOCMarginFreeze(freeze_at_epoch=1), CLOCMarginPlot(every_n_steps=1)
+    trainer = _trainer(tmp_path, [freeze, plot], max_epochs=3)
+    start = m.cloc_loss.margins().detach().clone()
+    seen: list[torch.Tensor] = []
+
+    class Watch(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            seen.append(pl_module.cloc_loss.margins().detach().clone())
+
+    trainer.callbacks.append(Watch())
+    trainer.fit(m, datamodule=_dm())
+    assert not torch.allclose(seen[0], start)  # phase one learned the margins
+    assert torch.equal(seen[1], seen[2]) and torch.equal(seen[0], seen[1])  # frozen from epoch 1 on
+    assert m.margins_frozen and not m.cloc_loss.learnables.requires_grad
+    assert all(p is not m.cloc_loss.learnables for g in trainer.optimizers[0].param_groups for p in g["params"])
+    assert len(trainer.optimizers[0].param_groups) == 1
+    payload = yaml.safe_load(Path(freeze.path).read_text())
+    assert payload["frozen_in_this_run"] and payload["margin_names"] == ["C0-C1", "C1-C2", "C2-C3"]
+    assert [k for k, _ in payload["learnable_map"]] == ["fixed"] * 3
+    assert torch.allclose(torch.tensor([v for _, v in payload["learnable_map"]]), seen[0], atol=1e-6)
+    assert Path(plot.path).is_file() and plot.frozen_step == 4  # 4 steps per epoch
+    # TensorBoard has the margin scalars and the custom layout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(trainer.log_dir)).Reload()
+    assert {"margins/C0-C1", "margins/C2-C3"} <= set(acc.Tags()["scalars"])
+    assert "cloc/margins" in acc.Tags()["images"]
+
+
+def test_resume_after_freeze_keeps_margins_fixed(tmp_path: Path) -> None:
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
+    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
+    trainer.fit(m, datamodule=_dm())
+    last = trainer.checkpoint_callback.last_model_path
+    frozen = m.cloc_loss.margins().detach().clone()
+    m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)  # fresh, learnable margins
+    t2 = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=4)
+    t2.fit(m2, datamodule=_dm(), ckpt_path=last)
+    assert m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), frozen)
+    assert t2.global_step == 16
+
+
+def test_final_margins_yaml_without_freeze_and_load_learnable_map(tmp_path: Path) -> None:
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE)
+    freeze = CLOCMarginFreeze()
+    _trainer(tmp_path, [freeze], max_epochs=1).fit(m, datamodule=_dm())
+    payload = yaml.safe_load(Path(freeze.path).read_text())
+    assert not payload["frozen_in_this_run"]
+    loaded = load_learnable_map(freeze.path)
+    m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, learnable_map=freeze.path)
+    assert m2.hparams.learnable_map == loaded  # resolved list stored, not the path
+    assert torch.allclose(m2.cloc_loss.margins(), m.cloc_loss.margins().detach(), atol=1e-6)
+    assert m2.margin_parameters() == []
+    assert load_learnable_map("[[fixed, 0.5], [learnable, null]]") == [["fixed", 0.5], ["learnable", None]]
+    with pytest.raises(FileNotFoundError, match="CLOCMarginFreeze"):
+        load_learnable_map("no_such_margins.yaml")
+
+
+def test_wrong_length_phase_two_map_is_an_error(tmp_path: Path) -> None:
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5], ["fixed", 0.6]]}))
+    with pytest.raises(ValueError, match="3|length|entries"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE, learnable_map=str(p))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="margin_mode"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_mode="xx")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cloc_on"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="pixels")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="projector_dim only applies"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE, projector_dim=8)
+    with pytest.raises(TypeError, match="CLOCModule"):
+        from cloc_lightning.methods import CEModule
+
+        _trainer(Path("."), [CLOCMarginFreeze(1)], max_epochs=1, logger=False).fit(
+            CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm()
+        )
+
+
+def test_two_phases_as_two_cli_runs(tmp_path: Path, tiny_shapes_args: list[str]) -> None:
+    common = [*tiny_shapes_args, "--model.backbone", TINY_BACKBONE]
+    out1 = run_cli(
+        ["fit", "--config", str(REPO / "configs" / "cloc" / "demo.yaml"), "--model.num_classes", "4",
+         "--trainer.callbacks.init_args.freeze_at_epoch", "null", *common, "--trainer.logger.init_args.name", "p1"],
+        tmp_path,
+    ).stdout
+    run1 = tmp_path / "runs" / "p1" / "version_0"
+    margins_yaml = run1 / "cloc_margins.yaml"
+    assert margins_yaml.is_file() and "test/mae" in out1
+    ckpt = next((run1 / "checkpoints").glob("best-*.ckpt"))
+    out2 = run_cli(
+        ["fit", "--config", str(REPO / "configs" / "cloc" / "demo_phase2.yaml"), "--model.num_classes", "4", *common,
+         "--model.learnable_map", str(margins_yaml), "--model.init_from", str(ckpt),
+         "--trainer.logger.init_args.name", "p2"],
+        tmp_path,
+    ).stdout
+    assert "init_from" in out2 and "loaded" in out2 and "test/qwk" in out2
+    ck2 = torch.load(next((tmp_path / "runs" / "p2" / "version_0" / "checkpoints").glob("last.ckpt")), weights_only=False)
+    phase1 = yaml.safe_load(margins_yaml.read_text())["learnable_map"]
+    assert ck2["hyper_parameters"]["learnable_map"] == phase1
+    m2 = CLOCModule.load_from_checkpoint(str(tmp_path / "runs" / "p2" / "version_0" / "checkpoints" / "last.ckpt"))
+    assert torch.allclose(m2.cloc_loss.margins(), torch.tensor([v for _, v in phase1]), atol=1e-6)
