@@ -246,6 +246,10 @@ class BaseModule(L.LightningModule):
         """Backbone features ``[B, feature_dim]`` (what linear probes read)."""
         return self.backbone(x)
 
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The embedding the method's loss shapes (for plots); default: backbone features."""
+        return self.extract_features(x)
+
     @staticmethod
     def split_batch(batch: Any, expect_views: bool | None = None, owner: str = "this module") -> tuple[Any, torch.Tensor]:
         """``(images or list of views, labels)`` from a batch, with a clear error on the wrong kind."""

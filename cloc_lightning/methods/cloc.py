@@ -212,6 +212,11 @@ class CLOCModule(ClassifierModule):
         """What the CLOC loss sees: the logits, or the (projected) features."""
         return logits if self.hparams.cloc_on == "logits" else self.projector(features)
 
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """What the CLOC loss sees for images ``x`` (logits or projected features)."""
+        features = self.backbone(x)
+        return self.cloc_embedding(features, self.head(features))
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         features = self.backbone(x)

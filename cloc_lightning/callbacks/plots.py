@@ -1,0 +1,142 @@
+"""Plots of a trained model: 2-D embedding of validation features and confusion matrices.
+
+Both write a PNG into the run folder (``trainer.log_dir``) and the same image to
+TensorBoard.  They run once (end of fit / end of test), so they cost one extra
+pass over the validation (or test) set.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from cloc_lightning.plots import confusion_figure, embedding_figure, save_figure
+
+__all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs"]
+
+
+def _tb(trainer: L.Trainer) -> Any:
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+def _write(trainer: L.Trainer, fig: Any, filename: str, tag: str) -> str:
+    path = os.path.join(trainer.log_dir or trainer.default_root_dir, filename)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tb = _tb(trainer)
+    if tb is not None:
+        tb.add_figure(tag, fig, trainer.global_step, close=False)
+    save_figure(fig, path)
+    return path
+
+
+@torch.no_grad()
+def collect_outputs(
+    pl_module: L.LightningModule, loader: Any, max_points: int = 3000, want_logits: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """``(embeddings [N, D], logits [N, C] or None, labels [N])`` of up to ``max_points`` samples.
+
+    Embeddings come from the module's ``embed`` hook (what its loss shapes) or
+    ``extract_features``; logits from ``forward`` when the module classifies.
+    """
+    was_training = pl_module.training
+    pl_module.eval()
+    embed = getattr(pl_module, "embed", None) or getattr(pl_module, "extract_features")
+    feats, logits, labels, n = [], [], [], 0
+    for x, y in loader:
+        x = x.to(pl_module.device)
+        feats.append(embed(x).float().cpu())
+        if want_logits:
+            out = pl_module(x)
+            if isinstance(out, torch.Tensor) and out.ndim == 2:
+                logits.append(out.float().cpu())
+        labels.append(y.cpu())
+        n += y.shape[0]
+        if n >= max_points:
+            break
+    pl_module.train(was_training)
+    lg = torch.cat(logits)[:max_points].numpy() if logits else None
+    return torch.cat(feats)[:max_points].numpy(), lg, torch.cat(labels)[:max_points].numpy()
+
+
+def project_2d(x: np.ndarray, method: Literal["pca", "tsne"] = "pca", seed: int = 0) -> np.ndarray:
+    """``[N, D] -> [N, 2]`` by PCA or t-SNE (scikit-learn; t-SNE after a 50-d PCA)."""
+    from sklearn.decomposition import PCA
+
+    if x.shape[1] <= 2:
+        return np.pad(x, ((0, 0), (0, 2 - x.shape[1])))
+    if method == "pca":
+        return PCA(n_components=2, random_state=seed).fit_transform(x)
+    if method == "tsne":
+        from sklearn.manifold import TSNE
+
+        if x.shape[1] > 50:
+            x = PCA(n_components=50, random_state=seed).fit_transform(x)
+        return TSNE(n_components=2, init="pca", random_state=seed, perplexity=min(30.0, max(5.0, len(x) / 10))).fit_transform(x)
+    raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}")
+
+
+class EmbeddingPlot(Callback):
+    """At the end of fit, a 2-D map of validation embeddings coloured by rank.
+
+    For ordinal methods (CLOC, OrdinalCLIP) the classes should appear in order
+    along a path.  Writes ``<log_dir>/embedding_<method>.png`` and TensorBoard
+    image ``plots/embedding``.
+
+    Args:
+        method: ``pca`` (fast) or ``tsne``.
+        max_points: validation samples used.
+    """
+
+    def __init__(self, method: Literal["pca", "tsne"] = "pca", max_points: int = 2000) -> None:
+        if method not in ("pca", "tsne"):
+            raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}")
+        self.method = method
+        self.max_points = max_points
+        self.path: str | None = None
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.datamodule is None:
+            return
+        feats, _, labels = collect_outputs(pl_module, trainer.datamodule.val_dataloader(), self.max_points, want_logits=False)
+        names = getattr(trainer.datamodule, "class_names", None)
+        title = f"{type(pl_module).__name__}: validation embedding ({self.method.upper()})"
+        fig = embedding_figure(project_2d(feats, self.method), labels, names, title)
+        self.path = _write(trainer, fig, f"embedding_{self.method}.png", "plots/embedding")
+
+
+class ConfusionMatrixPlot(Callback):
+    """Confusion matrix of the arg-max class, on the validation set at the end of fit
+    and on the test set at the end of test (``confusion_val.png`` / ``confusion_test.png``)."""
+
+    def __init__(self, max_points: int = 100_000) -> None:
+        self.max_points = max_points
+        self.paths: dict[str, str] = {}
+
+    def _plot(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not trainer.is_global_zero or trainer.datamodule is None:
+            return
+        loader = trainer.datamodule.val_dataloader() if stage == "val" else trainer.datamodule.test_dataloader()
+        _, logits, labels = collect_outputs(pl_module, loader, self.max_points)
+        if logits is None:
+            return
+        n = logits.shape[1]
+        cm = np.zeros((n, n), dtype=np.int64)
+        np.add.at(cm, (labels, logits.argmax(1)), 1)
+        names = getattr(trainer.datamodule, "class_names", None)
+        fig = confusion_figure(cm, names, f"{type(pl_module).__name__}: {stage} confusion")
+        self.paths[stage] = _write(trainer, fig, f"confusion_{stage}.png", f"plots/confusion_{stage}")
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._plot(trainer, pl_module, "val")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._plot(trainer, pl_module, "test")
