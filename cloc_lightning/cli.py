@@ -42,6 +42,24 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 EXTRA_COMMANDS: dict[str, Any] = {}
 
 
+def _probe_command(argv: list[str]) -> None:
+    """``cloc-lightning probe``: offline scikit-learn probe of a checkpoint (:func:`cloc_lightning.probe.main`)."""
+    from cloc_lightning.probe import main as probe_main
+
+    probe_main(argv)
+
+
+def _export_prototypes_command(argv: list[str]) -> None:
+    """``cloc-lightning export-prototypes CKPT OUT``: OrdinalCLIP checkpoint -> prototype classifier file."""
+    from cloc_lightning.methods.ordinal_clip import export_prototypes_main
+
+    export_prototypes_main(argv)
+
+
+EXTRA_COMMANDS["probe"] = _probe_command
+EXTRA_COMMANDS["export-prototypes"] = _export_prototypes_command
+
+
 class CLOCLightningCLI(LightningCLI):
     """LightningCLI with ``test_after_fit`` and a prediction writer for ``predict``."""
 

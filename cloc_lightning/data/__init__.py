@@ -3,6 +3,7 @@
 from cloc_lightning.data.base import BaseDataModule, DataConfigError, hash_split
 from cloc_lightning.data.folder import CSVDataModule, ImageFolderDataModule
 from cloc_lightning.data.synthetic import OrdinalShapesDataModule, make_ordinal_shapes
+from cloc_lightning.data.torchvision_sets import CIFAR10DataModule, CIFAR100DataModule, STL10DataModule
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
 from cloc_lightning.data.utkface import DEFAULT_AGE_BINS, UTKFaceDataModule, parse_utkface_name
 
@@ -21,3 +22,4 @@ __all__ = [
     "UTKFaceDataModule",
     "parse_utkface_name",
 ]
+__all__ += ["CIFAR10DataModule", "CIFAR100DataModule", "STL10DataModule"]

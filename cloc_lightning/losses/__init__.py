@@ -1,0 +1,26 @@
+"""Contrastive and ordinal losses (each checked against an independent reference in ``tests/``).
+
+- :class:`OrdinalContrastiveLoss_mm` / :class:`OrdinalContrastiveLoss_sm` — CLOC (Pitawela et al., CVPR 2025)
+- :class:`SupConLoss` / :func:`supcon_loss` — SupCon and SimCLR (Khosla et al., NeurIPS 2020)
+- :class:`OrdinalCLIPLoss` — OrdinalCLIP's CE + KL rank loss (Li et al., NeurIPS 2022)
+"""
+
+from cloc_lightning.losses.cloc import (
+    OrdinalContrastiveLoss_mm,
+    OrdinalContrastiveLoss_sm,
+    cloc_pair_hinge_sums,
+    inverse_softplus,
+)
+from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss
+from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
+
+__all__ = [
+    "OrdinalContrastiveLoss_mm",
+    "OrdinalContrastiveLoss_sm",
+    "cloc_pair_hinge_sums",
+    "inverse_softplus",
+    "OrdinalCLIPLoss",
+    "ordinal_clip_loss",
+    "SupConLoss",
+    "supcon_loss",
+]

@@ -60,9 +60,9 @@ _FLOATS_KEPT = (torch.float32, torch.float64)
 # log-sum-exp over the contrast set, excluding each anchor's own entry
 # ----------------------------------------------------------------------------
 def _mask_self(z: torch.Tensor, self_idx: torch.Tensor) -> None:
-    """Set ``z[r, self_idx[r]] = -inf`` in place (``z``: [rows, N_c], ``self_idx``: [rows])."""
-    rows = torch.arange(z.shape[0], device=z.device)
-    z.index_put_((rows, self_idx), torch.tensor(-math.inf, dtype=z.dtype, device=z.device))
+    """Set ``z[r, self_idx[r]] = -inf`` in place (``z``: contiguous [rows, N_c], ``self_idx``: [rows])."""
+    flat = torch.arange(z.shape[0], device=z.device) * z.shape[1] + self_idx
+    z.view(-1).index_fill_(0, flat, -math.inf)
 
 
 class _DenseLSE(torch.autograd.Function):
@@ -290,7 +290,11 @@ def _positive_terms(
         all_labels = dist_utils.gather_no_grad(labels) if distributed else labels
         _, group = torch.unique(all_labels, return_inverse=True)
         n_groups = int(group.max()) + 1
-        group_sum = sample_sum.new_zeros(n_groups, sample_sum.shape[1]).index_add(0, group, sample_sum)
+        dim = sample_sum.shape[1]
+        # class sums as a 1-D index_add (the 2-D CPU kernel is very slow with several threads)
+        flat_idx = (group.unsqueeze(1) * dim + torch.arange(dim, device=group.device)).reshape(-1)
+        group_sum = sample_sum.new_zeros(n_groups * dim).index_add(0, flat_idx, sample_sum.reshape(-1))
+        group_sum = group_sum.view(n_groups, dim)
         group_count = torch.bincount(group, minlength=n_groups).to(features.dtype) * n_views
         anchor_group = group[global_sample]
         pos_vec = group_sum[anchor_group]

@@ -3,5 +3,10 @@
 from cloc_lightning.methods.base import BaseModule, ClassifierModule
 from cloc_lightning.methods.ce import CEModule
 from cloc_lightning.methods.cloc import CLOCModule
+from cloc_lightning.methods.linear_probe import LinearProbeModule
+from cloc_lightning.methods.supcon import SupConModule
+from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 
 __all__ = ["BaseModule", "ClassifierModule", "CEModule", "CLOCModule"]
+__all__ += ["LinearProbeModule", "SupConModule"]
+__all__ += ["OrdinalCLIPModule"]

@@ -1,0 +1,485 @@
+"""Frozen-encoder evaluation: load the encoder of any stage-one checkpoint, extract features, fit a linear probe.
+
+Three layers, usable on their own:
+
+* **Encoders from checkpoints** -- :func:`load_encoder` / :func:`encoder_state_dict`
+  find the evaluation encoder of a checkpoint of any of our pre-training modules
+  (SupCon/SimCLR, CE, CLOC, ReLIC, ...) and the timm architecture to rebuild it.
+  Which weights form "the encoder" is a per-module decision (ReLIC evaluates the
+  EMA target's encoder, not the online one), made by a small hook described below.
+* **Features** -- :func:`extract_features` runs an encoder over a loader (eval mode,
+  no gradients) and returns NumPy arrays; unlabelled rows (label < 0) are dropped.
+* **The offline probe** -- :func:`logistic_regression_probe`: scikit-learn
+  ``LogisticRegression`` on standardised features, the evaluation of the
+  ReLIC-sigmoid seed (``stl10_eval.py``: ``LogisticRegression`` on frozen features;
+  the seed wraps it in ``CalibratedClassifierCV`` without scaling -- ``calibrated=True,
+  standardize=False`` reproduces that).  :func:`probe_checkpoint` chains all three for
+  a checkpoint and a data module, and ``cloc-lightning probe`` is its command line.
+
+The encoder hook
+----------------
+For a checkpoint, the module class that wrote it is looked up (from the
+``'cloc_lightning/encoder'`` entry that modules write in ``on_save_checkpoint`` via
+:func:`encoder_metadata`, or from the ``_class_path`` hyper-parameter LightningCLI
+stores).  Then, in order:
+
+1. the class defines a classmethod ``encoder_state_dict(checkpoint) -> dict`` that
+   returns the encoder's weights (keys as in the bare encoder, e.g. ``conv1.weight``);
+2. else its ``encoder_prefix`` (class attribute, e.g. ``'target_encoder.'``, also
+   recorded in the checkpoint entry) selects the keys;
+3. else the default prefix ``'backbone.'`` (every :class:`BaseModule`).
+
+A plain ``state_dict`` file (``torch.save(encoder.state_dict())``) works too, with
+the architecture given explicitly (``backbone=...``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from cloc_lightning.nn.backbones import create_backbone
+
+__all__ = [
+    "ENCODER_META_KEY",
+    "DEFAULT_ENCODER_PREFIX",
+    "EncoderCheckpoint",
+    "encoder_metadata",
+    "encoder_state_dict",
+    "load_encoder",
+    "build_encoder",
+    "extract_features",
+    "logistic_regression_probe",
+    "labelled_loader",
+    "probe_checkpoint",
+    "main",
+]
+
+#: checkpoint entry written by :func:`encoder_metadata` (class path, prefix, architecture)
+ENCODER_META_KEY = "cloc_lightning/encoder"
+#: where :class:`~cloc_lightning.methods.base.BaseModule` keeps its encoder
+DEFAULT_ENCODER_PREFIX = "backbone."
+
+_ARCH_KEYS = ("backbone", "cifar_stem", "backbone_kwargs")
+
+
+def encoder_metadata(module: nn.Module) -> dict[str, Any]:
+    """The ``checkpoint[ENCODER_META_KEY]`` entry of ``module``: class path, encoder prefix and architecture.
+
+    Call it from ``on_save_checkpoint``::
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
+    """
+    cls = type(module)
+    hp = getattr(module, "hparams", {}) or {}
+    return {
+        "class_path": f"{cls.__module__}.{cls.__qualname__}",
+        "prefix": getattr(module, "encoder_prefix", DEFAULT_ENCODER_PREFIX),
+        "backbone": hp.get("backbone"),
+        "cifar_stem": bool(hp.get("cifar_stem", False)),
+        "backbone_kwargs": dict(hp.get("backbone_kwargs") or {}),
+        "feature_dim": getattr(module, "feature_dim", None),
+    }
+
+
+@dataclass
+class EncoderCheckpoint:
+    """The encoder found in a checkpoint.
+
+    Attributes:
+        state_dict: the encoder's weights, keyed as in the bare encoder.
+        backbone: timm model name (``None`` if the checkpoint does not say).
+        cifar_stem: whether the CIFAR stem was applied.
+        backbone_kwargs: extra ``timm.create_model`` arguments.
+        source: what the weights were taken from (for messages).
+        class_path: the module class that wrote the checkpoint, if known.
+    """
+
+    state_dict: dict[str, torch.Tensor]
+    backbone: str | None
+    cifar_stem: bool = False
+    backbone_kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    class_path: str | None = None
+
+    def info(self) -> dict[str, Any]:
+        """The architecture as a plain dict (stored in a LinearProbeModule's hyper-parameters)."""
+        return {
+            "backbone": self.backbone,
+            "cifar_stem": self.cifar_stem,
+            "backbone_kwargs": dict(self.backbone_kwargs),
+            "source": self.source,
+            "class_path": self.class_path,
+        }
+
+
+def _import_class(path: str | None) -> type | None:
+    if not path or "." not in path:
+        return None
+    module, _, name = path.rpartition(".")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return obj if isinstance(obj, type) else None
+
+
+def _read_checkpoint(path: str) -> dict[str, Any]:
+    full = os.path.expanduser(str(path))
+    if not os.path.isfile(full):
+        raise FileNotFoundError(
+            f"encoder checkpoint {str(path)!r} does not exist; give the .ckpt of a stage-one run "
+            "(e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt)"
+        )
+    try:
+        ckpt = torch.load(full, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+        raise ValueError(f"cannot read {str(path)!r} as a PyTorch checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict or state_dict")
+    return ckpt
+
+
+def _prefixes(keys: Sequence[str]) -> list[str]:
+    return sorted({k.split(".", 1)[0] + "." for k in keys if "." in k})
+
+
+def encoder_state_dict(checkpoint: dict[str, Any], source: str = "checkpoint") -> EncoderCheckpoint:
+    """The evaluation encoder of a loaded checkpoint dict (see the module docstring for the hook).
+
+    Raises:
+        ValueError: the checkpoint holds no encoder weights under the expected prefix.
+    """
+    meta = checkpoint.get(ENCODER_META_KEY) or {}
+    hparams = checkpoint.get("hyper_parameters") or {}
+    class_path = meta.get("class_path") or hparams.get("_class_path")
+    cls = _import_class(class_path)
+    arch = {k: meta.get(k, hparams.get(k)) for k in _ARCH_KEYS}
+    is_lightning = "state_dict" in checkpoint and isinstance(checkpoint["state_dict"], dict)
+    state = checkpoint["state_dict"] if is_lightning else checkpoint
+    if not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{source} is neither a Lightning checkpoint nor a state_dict of tensors")
+
+    hook: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = getattr(cls, "encoder_state_dict", None)
+    owner = class_path.rsplit(".", 1)[-1] if class_path else "an unknown module"
+    if hook is not None:
+        weights = dict(hook(checkpoint))
+        where = f"{owner}.encoder_state_dict()"
+    else:
+        prefix = meta.get("prefix") or getattr(cls, "encoder_prefix", None) or DEFAULT_ENCODER_PREFIX
+        weights = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        where = f"keys {prefix!r}* of {owner}"
+        if not weights and not is_lightning:  # a bare encoder state_dict
+            weights, where = dict(state), "a plain state_dict"
+    if not weights:
+        raise ValueError(
+            f"{source} holds no encoder weights ({where}); its weights start with {_prefixes(list(state))[:8]}. "
+            "Give a checkpoint of a pre-training module (SupConModule, CEModule, CLOCModule, ReLICModule, ...), "
+            "or a module that names its encoder with an encoder_prefix class attribute / encoder_state_dict classmethod."
+        )
+    return EncoderCheckpoint(
+        state_dict=weights,
+        backbone=arch["backbone"],
+        cifar_stem=bool(arch["cifar_stem"] or False),
+        backbone_kwargs=dict(arch["backbone_kwargs"] or {}),
+        source=f"{source} ({where})",
+        class_path=class_path,
+    )
+
+
+def load_encoder(
+    path: str,
+    backbone: str | None = None,
+    cifar_stem: bool | None = None,
+    backbone_kwargs: dict[str, Any] | None = None,
+) -> EncoderCheckpoint:
+    """Read ``path`` and return its encoder; ``backbone``/``cifar_stem``/``backbone_kwargs`` override the stored ones.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: not a checkpoint, no encoder in it, or no architecture known.
+    """
+    enc = encoder_state_dict(_read_checkpoint(path), source=repr(str(path)))
+    if backbone is not None:
+        enc.backbone = backbone
+    if cifar_stem is not None:
+        enc.cifar_stem = cifar_stem
+    if backbone_kwargs is not None:
+        enc.backbone_kwargs = dict(backbone_kwargs)
+    if not enc.backbone:
+        raise ValueError(
+            f"{str(path)!r} does not record its backbone architecture; pass it explicitly "
+            "(model.backbone / --backbone, e.g. resnet18, and cifar_stem if it was used)"
+        )
+    return enc
+
+
+def load_encoder_weights(encoder: nn.Module, enc: EncoderCheckpoint) -> None:
+    """Load ``enc.state_dict`` into ``encoder`` strictly; a clear error names the architecture mismatch."""
+    own = encoder.state_dict()
+    bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in enc.state_dict.items() if k in own and v.shape != own[k].shape]
+    missing = [k for k in own if k not in enc.state_dict]
+    unexpected = [k for k in enc.state_dict if k not in own]
+    if missing or unexpected or bad:
+        raise ValueError(
+            f"backbone mismatch: the encoder weights of {enc.source} do not fit timm {enc.backbone!r} "
+            f"(cifar_stem={enc.cifar_stem}): missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"shape mismatches (checkpoint vs model) {bad[:5]}. "
+            "Set backbone/cifar_stem to the stage-one encoder's (or leave them unset to use the checkpoint's)."
+        )
+    encoder.load_state_dict(enc.state_dict, strict=True)
+
+
+def build_encoder(enc: EncoderCheckpoint) -> tuple[nn.Module, int]:
+    """``(encoder with the checkpoint's weights, feature_dim)``; the encoder is in eval mode."""
+    model, dim = create_backbone(enc.backbone or "", False, enc.cifar_stem, **enc.backbone_kwargs)
+    load_encoder_weights(model, enc)
+    return model.eval(), dim
+
+
+# ------------------------------------------------------------------ features
+@torch.no_grad()
+def extract_features(
+    encoder: nn.Module | Callable[[torch.Tensor], torch.Tensor],
+    dataloader: DataLoader | Sequence[Any],
+    device: str | torch.device = "cpu",
+    normalize: bool = False,
+    drop_unlabelled: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features of every batch ``(images [B, 3, H, W], labels [B])`` of ``dataloader``.
+
+    The encoder runs in eval mode without gradients (its training mode is restored).
+
+    Args:
+        encoder: maps images to ``[B, D]`` features.
+        dataloader: single-view batches.
+        device: where the encoder runs.
+        normalize: L2-normalise the features (ReLIC evaluates normalised features).
+        drop_unlabelled: drop rows with label ``< 0`` (STL-10's unlabeled split).
+
+    Returns:
+        ``(X float32 [N, D], y int64 [N])``.
+    """
+    was_training = getattr(encoder, "training", False)
+    if isinstance(encoder, nn.Module):
+        encoder.eval().to(device)
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    try:
+        for batch in dataloader:
+            if not isinstance(batch, (list, tuple)) or len(batch) != 2:
+                raise ValueError("extract_features expects batches (images, labels)")
+            x, y = batch
+            if isinstance(x, (list, tuple)):
+                raise ValueError("extract_features needs single-view batches; use the data module's eval loaders")
+            f = encoder(x.to(device)).float()
+            if f.ndim != 2:
+                raise ValueError(f"the encoder must return [B, D] features, got {tuple(f.shape)}")
+            if normalize:
+                f = torch.nn.functional.normalize(f, dim=1)
+            y = torch.as_tensor(y)
+            if drop_unlabelled:
+                keep = y >= 0
+                f, y = f[keep.to(f.device)], y[keep]
+            xs.append(f.cpu().numpy())
+            ys.append(y.cpu().numpy().astype(np.int64))
+    finally:
+        if isinstance(encoder, nn.Module) and was_training:
+            encoder.train()
+    if not xs:
+        raise ValueError("the dataloader yielded no batches")
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def labelled_loader(loader: DataLoader) -> DataLoader:
+    """``loader`` restricted to its labelled samples (for probes on STL-10 ``train+unlabeled``).
+
+    Works on our data modules' loaders (a :class:`~cloc_lightning.data.base.TransformedSubset`
+    dataset); other loaders are returned unchanged (:func:`extract_features` drops
+    unlabelled rows anyway, after computing them).
+    """
+    from cloc_lightning.data.base import TransformedSubset
+
+    ds = loader.dataset
+    if not isinstance(ds, TransformedSubset):
+        return loader
+    keep = [i for i in ds.indices if ds.base.targets[i] >= 0]
+    if len(keep) == len(ds.indices):
+        return loader
+    sub = TransformedSubset(ds.base, keep, ds.transform)
+    return DataLoader(sub, batch_size=loader.batch_size, shuffle=False, num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+
+
+# -------------------------------------------------------------- the probe
+def logistic_regression_probe(
+    train_X: np.ndarray,
+    train_y: np.ndarray,
+    test_X: np.ndarray,
+    test_y: np.ndarray,
+    C: float = 1.0,
+    max_iter: int = 1000,
+    standardize: bool = True,
+    calibrated: bool = False,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Fit scikit-learn ``LogisticRegression`` (multinomial, L-BFGS) on ``train_X`` and score ``test_X``.
+
+    Args:
+        train_X: [N, D] features; train_y: [N] labels; test_X: [M, D]; test_y: [M].
+        C: inverse L2 regularisation strength.
+        max_iter: L-BFGS iterations.
+        standardize: zero-mean/unit-variance features (statistics of the training set).
+        calibrated: wrap the classifier in ``CalibratedClassifierCV`` (as the seed's
+            ``stl10_eval.py``; with ``standardize=False, max_iter=100`` it is the seed's probe).
+        seed: random state.
+
+    Returns:
+        ``{'top1', 'top5' (>= 5 classes), 'train_top1', 'n_train', 'n_test', 'n_features'}``;
+        accuracies are fractions in [0, 1].
+    """
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    train_X, test_X = np.asarray(train_X, dtype=np.float64), np.asarray(test_X, dtype=np.float64)
+    train_y, test_y = np.asarray(train_y).astype(np.int64), np.asarray(test_y).astype(np.int64)
+    if train_X.ndim != 2 or test_X.ndim != 2 or train_X.shape[1] != test_X.shape[1]:
+        raise ValueError(f"features must be [N, D] and [M, D] with the same D, got {train_X.shape} and {test_X.shape}")
+    if train_X.shape[0] != train_y.shape[0] or test_X.shape[0] != test_y.shape[0]:
+        raise ValueError("features and labels differ in length")
+    if len(np.unique(train_y)) < 2:
+        raise ValueError("the training features hold fewer than 2 classes; a probe needs at least 2")
+    if not (np.isfinite(train_X).all() and np.isfinite(test_X).all()):
+        raise ValueError("features contain NaN or inf: the encoder has diverged (lower the lr / clip gradients)")
+    if C <= 0 or max_iter < 1:
+        raise ValueError(f"need C > 0 and max_iter >= 1, got C={C}, max_iter={max_iter}")
+    clf: Any = LogisticRegression(C=C, max_iter=max_iter, random_state=seed)
+    if calibrated:
+        clf = CalibratedClassifierCV(clf)
+    model = make_pipeline(StandardScaler(), clf) if standardize else clf
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(train_X, train_y)
+    probs = model.predict_proba(test_X)
+    classes = np.asarray(model.classes_)
+    order = np.argsort(-probs, axis=1)
+    result = {
+        "top1": float((classes[order[:, 0]] == test_y).mean()),
+        "train_top1": float((model.predict(train_X) == train_y).mean()),
+        "n_train": float(train_X.shape[0]),
+        "n_test": float(test_X.shape[0]),
+        "n_features": float(train_X.shape[1]),
+    }
+    if len(classes) >= 5:
+        result["top5"] = float((classes[order[:, :5]] == test_y[:, None]).any(axis=1).mean())
+    return result
+
+
+def probe_checkpoint(
+    ckpt_path: str,
+    datamodule: Any,
+    device: str | torch.device = "cpu",
+    C: float = 1.0,
+    max_iter: int = 1000,
+    normalize: bool = False,
+    standardize: bool = True,
+    backbone: str | None = None,
+    cifar_stem: bool | None = None,
+    split: str = "test",
+) -> dict[str, Any]:
+    """Offline linear probe of a checkpoint's encoder on a data module.
+
+    Features of the (subsampled, labelled) training set with the *eval* transform
+    (``datamodule.train_eval_dataloader()``) train :func:`logistic_regression_probe`;
+    ``split`` (``test`` or ``val``) is scored.
+
+    Returns:
+        The probe's numbers plus ``'encoder'`` (where the weights came from) and ``'backbone'``.
+    """
+    if split not in ("test", "val"):
+        raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+    enc = load_encoder(ckpt_path, backbone, cifar_stem)
+    encoder, _ = build_encoder(enc)
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    train_loader = labelled_loader(datamodule.train_eval_dataloader())
+    eval_loader = datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader()
+    train_X, train_y = extract_features(encoder, train_loader, device, normalize)
+    test_X, test_y = extract_features(encoder, eval_loader, device, normalize)
+    result: dict[str, Any] = logistic_regression_probe(train_X, train_y, test_X, test_y, C=C, max_iter=max_iter, standardize=standardize)
+    result.update({"encoder": enc.source, "backbone": enc.backbone, "split": split})
+    return result
+
+
+# ----------------------------------------------------------------- command
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``cloc-lightning probe``: offline logistic-regression probe of a checkpoint's encoder.
+
+    ::
+
+        cloc-lightning probe --ckpt runs/supcon/version_0/checkpoints/last.ckpt \\
+            --data ImageFolderDataModule --data.root ../shared/data/cifar10 --data.num_workers 2
+        cloc-lightning probe --config probe.yaml        # keys: ckpt, data, C, max_iter, ...
+    """
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    import cloc_lightning.data  # noqa: F401  (registers the data modules)
+    from cloc_lightning.data.base import BaseDataModule
+
+    parser = ArgumentParser(
+        prog="cloc-lightning probe",
+        description="Fit scikit-learn LogisticRegression on frozen encoder features of a checkpoint; print top-1/top-5.",
+        env_prefix="CLOC_PROBE",
+        default_env=False,
+    )
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
+    parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module (train: probe fit, test: score)")
+    parser.add_argument("--C", type=float, default=1.0, help="inverse L2 regularisation of LogisticRegression")
+    parser.add_argument("--max_iter", type=int, default=1000, help="L-BFGS iterations")
+    parser.add_argument("--normalize", type=bool, default=False, help="L2-normalise features before the probe")
+    parser.add_argument("--standardize", type=bool, default=True, help="standardise features (training-set statistics)")
+    parser.add_argument("--backbone", type=Optional[str], default=None, help="override the checkpoint's timm backbone name")
+    parser.add_argument("--cifar_stem", type=Optional[bool], default=None, help="override the checkpoint's cifar_stem")
+    parser.add_argument("--split", type=str, default="test", help="test or val")
+    parser.add_argument("--device", type=str, default="cpu")
+    parser.add_argument("--output", type=Optional[str], default=None, help="also write the result as JSON here")
+    cfg = parser.parse_args(argv)
+    init = parser.instantiate_classes(cfg)
+    result = probe_checkpoint(
+        cfg.ckpt, init.data, device=cfg.device, C=cfg.C, max_iter=cfg.max_iter, normalize=cfg.normalize,
+        standardize=cfg.standardize, backbone=cfg.backbone, cifar_stem=cfg.cifar_stem, split=cfg.split,
+    )
+    lines = [f"probe ({result['split']}) of {result['encoder']}, backbone {result['backbone']}:"]
+    for k in ("top1", "top5", "train_top1"):
+        if k in result and math.isfinite(result[k]):
+            lines.append(f"  {k}: {100 * result[k]:.2f}%")
+    lines.append(f"  n_train={int(result['n_train'])} n_test={int(result['n_test'])} n_features={int(result['n_features'])}")
+    print("\n".join(lines))
+    if cfg.output:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
+        with open(cfg.output, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+
