@@ -81,3 +81,43 @@ def test_ce_utkface_config_trains_and_reports(tmp_path: Path) -> None:
         tmp_path,
     ).stdout
     assert "test/mae" in out and "test/qwk" in out
+
+
+_CHECK_CONFIGS = r"""
+import sys, contextlib, io
+from cloc_lightning.cli import main
+bad = []
+for path in sys.argv[1:]:
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            if "/linear_probe/probe_" in path:  # configs of the `cloc-lightning probe` command
+                main(["probe", "--config", path, "--ckpt", "stage_one.ckpt", "--print_config"])
+            else:
+                main(["fit", "--config", path, "--print_config"])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            bad.append(path)
+    else:
+        bad.append(path + " (no exit)")
+    if "class_path" not in buf.getvalue():
+        bad.append(path + " (nothing printed)")
+print("BAD:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_every_shipped_config_parses(tmp_path: Path) -> None:
+    """Every YAML under configs/ resolves against the current classes (no unknown or stale keys)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    configs = sorted(str(p) for p in (REPO / "configs").rglob("*.yaml"))
+    assert len(configs) >= 10
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECK_CONFIGS, *configs], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
