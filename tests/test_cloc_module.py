@@ -161,3 +161,60 @@ def test_two_phases_as_two_cli_runs(tmp_path: Path, tiny_shapes_args: list[str])
     assert ck2["hyper_parameters"]["learnable_map"] == phase1
     m2 = CLOCModule.load_from_checkpoint(str(tmp_path / "runs" / "p2" / "version_0" / "checkpoints" / "last.ckpt"))
     assert torch.allclose(m2.cloc_loss.margins(), torch.tensor([v for _, v in phase1]), atol=1e-6)
+
+
+_USER_MODULE = '''
+"""A user's own project: CLOC with their backbone, a projector and their optimiser."""
+import torch
+from torch import nn
+from cloc_lightning.methods import CLOCModule
+
+
+class MyNet(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = width
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class MyCLOC(CLOCModule):
+    def __init__(self, num_classes: int, width: int = 12, **kwargs):
+        self.width = width
+        super().__init__(num_classes=num_classes, **kwargs)
+
+    def build_backbone(self):
+        net = MyNet(self.width)
+        return net, net.out_dim
+
+    def build_projector(self):
+        return nn.Linear(self.feature_dim, 5)
+
+    def build_optimizer(self, groups):
+        return torch.optim.SGD(groups, lr=self.hparams.lr, momentum=0.5)
+'''
+
+
+def test_user_subclass_in_own_project_through_the_cli(tmp_path: Path, tiny_shapes_args: list[str], monkeypatch) -> None:
+    """A subclass in the user's own package is selectable with --model and keeps the CLOC machinery."""
+    (tmp_path / "my_project.py").write_text(_USER_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    run_cli(
+        ["fit", "--model", "my_project.MyCLOC", "--model.num_classes", "4", "--model.width", "10",
+         "--model.cloc_on", "features", "--model.lr", "0.01", *tiny_shapes_args,
+         "--trainer.logger.init_args.name", "user", "--trainer.max_epochs", "2",
+         "--trainer.callbacks+=cloc_lightning.callbacks.CLOCMarginFreeze", "--trainer.callbacks.freeze_at_epoch", "1"],
+        cwd=tmp_path,
+    )
+    run = tmp_path / "runs" / "user" / "version_0"
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["hyper_parameters"]["width"] == 10
+    assert ckpt["state_dict"]["backbone.net.0.weight"].shape[0] == 10
+    assert ckpt["state_dict"]["projector.weight"].shape == (5, 10)
+    assert all(g["momentum"] == 0.5 for g in ckpt["optimizer_states"][0]["param_groups"])  # the user's SGD
+    margins = yaml.safe_load((run / "cloc_margins.yaml").read_text())
+    assert margins["frozen_in_this_run"] is True and len(margins["learnable_map"]) == 3
+    assert all(kind == "fixed" for kind, _ in margins["learnable_map"])
