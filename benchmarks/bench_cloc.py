@@ -10,8 +10,8 @@ Run with ``python -m benchmarks.bench_cloc`` (``--quick`` for a small smoke run 
 
 Main case: batch 512, C = 8 classes, both with the logits as the CLOC README loop feeds
 them (dim = C = 8) and with 128-d features.  Times are interleaved medians in one process
-(``harness.time_interleaved``); peak memory is the RSS growth of one fwd+bwd in a fresh
-process (``harness.peak_memory_mb``).  Before timing, the benchmark checks that both give
+(``harness.time_interleaved``); peak memory is the peak RSS above the baseline during one
+fwd+bwd in a fresh process (``harness.peak_memory_mb``).  Before timing, the benchmark checks that both give
 the same loss and gradients on the benchmarked input.  A scaling section times ours from
 batch 256 to 4096 (dim 128), fits the growth exponent and reports the cost per N^2 log2 N.
 """
@@ -137,9 +137,7 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
     n = 128 if quick else MAIN_BATCH
     repeats = 3 if quick else 7
     scale_ns = [64, 128, 256, 512] if quick else [256, 512, 1024, 2048, 4096]
-    # Peak memory first, while this process is still small: the child's ru_maxrss starts from
-    # the parent's resident size (it is inherited through fork/vfork + exec), so measuring after
-    # the timings, once this process has grown, would report this process' size instead.
+    # peak memory: one fwd+bwd per implementation, each in a fresh process (harness.peak_memory_mb)
     mem_main = {
         dim: {impl: peak_memory_mb("benchmarks.bench_cloc:make_case", {"impl": impl, "n": n, "dim": dim})
               for impl in ("ours", "reference")}
@@ -220,7 +218,8 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
     md = (
         f"### CLOC loss, fwd+bwd, batch {n}, C = {N_CLASSES}, learnable margins, reduction 'official'\n\n"
         f"Median of interleaved repeats ({stats['ours'].n} for the last dim), {torch.get_num_threads()} torch "
-        f"threads; peak memory = RSS growth of one fwd+bwd in a fresh process. dim 8 = the logits of a "
+        f"threads; peak memory = peak RSS above the baseline during one fwd+bwd in a fresh process "
+        f"(`VmHWM` after a `clear_refs` reset, see `benchmarks/harness.py`). dim 8 = the logits of a "
         f"{N_CLASSES}-way head as in the CLOC README loop; dim 128 = projection features. The reference is "
         f"the official algorithm re-expressed as loops (`benchmarks/reference/cloc_reference.py`).\n\n"
         f"{table}\n\n#### Goal (issues 3 and 7) and agreement on the benchmarked input\n\n{goal_table}\n\n"

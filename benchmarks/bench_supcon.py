@@ -21,16 +21,12 @@ A scaling section compares dense vs tiled at larger batches (peers left out: the
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import markdown_table, time_interleaved, write_results
+from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
 from benchmarks.reference.supcon_reference import supcon_reference
 from cloc_lightning.losses.supcon import AUTO_DENSE_MAX_ELEMENTS, AUTO_TILE_ELEMENTS, supcon_loss
 
@@ -89,29 +85,8 @@ def make_case(impl: str, n: int, views: int = VIEWS, dim: int = DIM, tile: int =
 
 
 def _peak_memory(impl: str, n: int) -> float:
-    """``harness.peak_memory_mb`` of one fwd+bwd, called from a fresh, small launcher process.
-
-    Linux carries the calling process' RSS high-water mark into a child started with
-    (v)fork + exec, so ``ru_maxrss`` in the measuring child is at least this (large,
-    long-running) process' peak.  Calling ``peak_memory_mb`` from a launcher that only
-    imports torch keeps that inherited mark below the child's own baseline.
-    """
-    code = (
-        "import json,sys,torch;torch.set_num_threads(int(sys.argv[2]));"
-        "from benchmarks.harness import peak_memory_mb;"
-        "print(peak_memory_mb('benchmarks.bench_supcon:make_case', json.loads(sys.argv[1])))"
-    )
-    root = Path(__file__).resolve().parent.parent
-    res = subprocess.run(
-        [sys.executable, "-c", code, json.dumps({"impl": impl, "n": n}), str(torch.get_num_threads())],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        timeout=900,
-    )
-    if res.returncode != 0:
-        raise RuntimeError(f"memory measurement of {impl} at n={n} failed:\n{res.stderr[-2000:]}")
-    return float(res.stdout.strip().splitlines()[-1])
+    """``harness.peak_memory_mb`` of one fwd+bwd of ``impl`` at batch ``n`` (a fresh process)."""
+    return peak_memory_mb("benchmarks.bench_supcon:make_case", {"impl": impl, "n": n})
 
 
 def _value_and_grad(impl: str, n: int) -> tuple[float, torch.Tensor]:
@@ -245,8 +220,8 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
 
     md = (
         f"### SupCon loss, fwd+bwd, batch {n} x {VIEWS} views, dim {DIM}, {N_CLASSES} classes, T = {TEMPERATURE}\n\n"
-        f"Median of {stats['ours_dense'].n} interleaved repeats; peak memory = RSS growth of one fwd+bwd in a "
-        f"fresh process. All losses use base_temperature = T, so the values must agree.\n\n"
+        f"Median of {stats['ours_dense'].n} interleaved repeats; peak memory = peak RSS above the baseline "
+        f"during one fwd+bwd in a fresh process (`VmHWM` after a `clear_refs` reset, see `benchmarks/harness.py`). All losses use base_temperature = T, so the values must agree.\n\n"
         f"{table}\n\n#### Goals (issue 7)\n\n{goal_table}\n\n"
         f"#### Scaling: dense vs tiled (`tile_size='auto'`: dense while N_anchor x N <= {AUTO_DENSE_MAX_ELEMENTS})\n\n"
         f"{scale_table}\n"

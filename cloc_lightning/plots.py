@@ -10,9 +10,14 @@ __all__ = ["margin_figure", "embedding_figure", "confusion_figure", "save_figure
 
 
 def _plt():  # noqa: ANN202 - matplotlib module
+    import sys
+
     import matplotlib
 
-    matplotlib.use("Agg", force=False)
+    # scripts and training jobs draw into files (Agg: no display needed); inside a Jupyter kernel
+    # the kernel's backend (inline) stays, else the user's own plots stop showing after a callback ran
+    if "ipykernel" not in sys.modules:
+        matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     return plt

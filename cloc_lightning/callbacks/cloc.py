@@ -91,6 +91,11 @@ class CLOCMarginFreeze(Callback):
         self.frozen_at = {"epoch": trainer.current_epoch, "step": trainer.global_step}
         self.write(trainer, pl_module, learnable_map, phase_one_done=True)
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        # Lightning (2.x) skips ``on_train_epoch_start`` of the first epoch after resuming from a
+        # checkpoint written at the end of an epoch's last batch; freeze before that epoch's first step anyway.
+        self.on_train_epoch_start(trainer, pl_module)
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not getattr(pl_module, "margins_frozen", False):
             self.write(trainer, pl_module, pl_module.cloc_loss.to_learnable_map("fixed"), phase_one_done=False)  # type: ignore[union-attr]

@@ -23,7 +23,7 @@ import lightning as L
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
@@ -46,6 +46,8 @@ __all__ = [
     "hash_split",
     "IMAGE_EXTENSIONS",
     "DataConfigError",
+    "EpochShuffleSampler",
+    "ResumableDataLoader",
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
@@ -168,6 +170,94 @@ class TransformedSubset(Dataset):
     def __getitem__(self, i: int) -> tuple[Any, torch.Tensor]:
         image, label = self.base[self.indices[i]]
         return self.transform(image), torch.tensor(label, dtype=torch.long)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """A 63-bit generator seed that depends only on ``(seed, epoch)``."""
+    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(epoch)]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class EpochShuffleSampler(RandomSampler):
+    """Random order of every epoch drawn from ``(seed, epoch)`` alone, so a resumed run sees the same batches.
+
+    A ``RandomSampler`` with one generator draws each epoch's order from the previous
+    draws: a run resumed at epoch ``e`` (a fresh generator) would replay epoch 0's order.
+    Here epoch ``e`` always uses ``randperm(n, generator seeded from (seed, e))``;
+    Lightning calls :meth:`set_epoch` at the start of every epoch (and the checkpointed
+    epoch when resuming).  ``skip(n)`` drops the first ``n`` indices of the next pass only
+    (mid-epoch resume, see :class:`ResumableDataLoader`).  Being a ``RandomSampler``,
+    Lightning replaces it by a ``DistributedSampler`` (itself epoch-seeded) under DDP.
+    """
+
+    def __init__(self, data_source: Any, seed: int = 0) -> None:
+        super().__init__(data_source)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order from the next pass on (a pending skip belongs to its epoch only)."""
+        if int(epoch) != self.epoch:
+            self._skip = 0
+        self.epoch = int(epoch)
+
+    def skip(self, n: int) -> None:
+        """Start the next pass at position ``n`` of the epoch's order."""
+        self._skip = max(0, int(n))
+
+    def __iter__(self) -> Any:
+        g = torch.Generator()
+        g.manual_seed(_epoch_seed(self.seed, self.epoch))
+        order = torch.randperm(len(self.data_source), generator=g).tolist()
+        start, self._skip = self._skip, 0
+        yield from order[start:]
+
+
+class ResumableDataLoader(DataLoader):
+    """The training ``DataLoader``: its epoch and position are saved in checkpoints and restored on resume.
+
+    Implements Lightning's ``state_dict`` / ``load_state_dict`` protocol for data loaders:
+    a checkpoint written after the ``k``-th batch of epoch ``e`` stores ``{epoch: e,
+    batches: k}``; resuming from it continues with batch ``k + 1`` of epoch ``e``'s order
+    (:class:`EpochShuffleSampler`), exactly as the uninterrupted run.  A checkpoint
+    written at the end of an epoch stores ``{epoch: e + 1, batches: 0}``.  Iteration is lazy
+    (workers start, and the sampler is read, at the first batch), so the epoch that
+    Lightning sets just before the epoch starts is always the one used.  With another
+    sampler (e.g. Lightning's ``DistributedSampler`` under DDP) the epoch is restored but
+    a mid-epoch resume restarts that epoch's order (Lightning's behaviour).
+    """
+
+    def _position(self) -> int:
+        return int(getattr(self, "_batches_done", 0))
+
+    def __iter__(self) -> Any:
+        self._batches_done = int(getattr(self, "_resume_batches", 0))
+        self._resume_batches = 0
+        for batch in super().__iter__():
+            self._batches_done += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        sampler = self.sampler
+        epoch = int(getattr(sampler, "epoch", 0))
+        done = self._position()
+        if done >= len(self):
+            epoch, done = epoch + 1, 0
+        return {"epoch": epoch, "batches": done, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sampler = self.sampler
+        epoch, done = int(state_dict.get("epoch", 0)), int(state_dict.get("batches", 0))
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
+        if done and isinstance(sampler, EpochShuffleSampler) and self.batch_size:
+            sampler.skip(done * int(self.batch_size))
+            self._resume_batches = done
+        elif done:
+            warnings.warn(
+                f"resuming mid-epoch with a {type(sampler).__name__}: epoch {epoch}'s data order restarts "
+                "from its first batch (exact mid-epoch resume needs the data module's own shuffling sampler)"
+            )
 
 
 def _auto_workers() -> int:
@@ -353,17 +443,23 @@ class BaseDataModule(L.LightningDataModule):
             )
 
     def _loader(self, ds: Dataset, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+        """Shuffled loaders are a :class:`ResumableDataLoader` over an :class:`EpochShuffleSampler` (exact resume).
+
+        Every loader has its own generator (worker seeds), so iterating data never
+        draws from the global RNG (whose state checkpoints restore on resume).
+        """
         workers = self.num_workers
-        return DataLoader(
-            ds,
+        common: dict[str, Any] = dict(
             batch_size=batch_size,
-            shuffle=shuffle,
             drop_last=drop_last,
             num_workers=workers,
             pin_memory=self.pin_memory,
             persistent_workers=workers > 0,
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
+            generator=torch.Generator().manual_seed(self.seed),
         )
+        if shuffle:  # no ``shuffle=`` argument: Lightning sees a RandomSampler, i.e. a shuffled loader (DDP)
+            return ResumableDataLoader(ds, sampler=EpochShuffleSampler(ds, self.seed), **common)
+        return DataLoader(ds, shuffle=False, **common)
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_set is not None, "call setup('fit') first"

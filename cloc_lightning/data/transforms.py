@@ -160,6 +160,13 @@ class MultiCropViews(ViewTransform):
     ``local_size``/``local_scale`` without solarisation.  ``global_size`` defaults to the
     data module's image size, ``local_size`` to ``3/7`` of it (96 -> 41 ... 32 -> 14,
     rounded to at least 8), mirroring 224/96 in DINO/SwAV.
+
+    The blur kernel is odd and about 10% of each crop's size unless ``blur_kernel_size``
+    fixes it for both kinds of view.  The seed (``scl/aug.py``) always blurs (``blur_p=1``)
+    with one kernel from the global size (``int(0.1 * size)`` rounded up to odd: 3 at
+    32 px, 9 at 96 px), solarises at threshold 127 and uses ``int(3/7 * size)`` local
+    crops (13 at 32 px, 41 at 96 px): ``blur_p=1.0, blur_kernel_size=9,
+    solarize_threshold=127, local_size=41`` reproduces it at 96 px.
     """
 
     def __init__(
@@ -175,7 +182,11 @@ class MultiCropViews(ViewTransform):
         grayscale_p: float = 0.2,
         blur_p: float = 0.5,
         solarize_p: float = 0.2,
+        blur_kernel_size: int | None = None,
+        solarize_threshold: float = 128,
     ) -> None:
+        if blur_kernel_size is not None and (blur_kernel_size < 1 or blur_kernel_size % 2 == 0):
+            raise ValueError(f"blur_kernel_size must be an odd positive integer (or null = ~10% of the crop), got {blur_kernel_size}")
         if num_global_views < 1 or num_local_views < 0:
             raise ValueError(
                 f"need num_global_views >= 1 and num_local_views >= 0, got {num_global_views} and {num_local_views}"
@@ -191,13 +202,15 @@ class MultiCropViews(ViewTransform):
         self.grayscale_p = grayscale_p
         self.blur_p = blur_p
         self.solarize_p = solarize_p
+        self.blur_kernel_size = blur_kernel_size
+        self.solarize_threshold = solarize_threshold
 
     @property
     def n_views(self) -> int:
         return self.num_global_views + self.num_local_views
 
     def _pipeline(self, size: int, scale: tuple[float, float], solarize: bool, mean: Sequence[float], std: Sequence[float]) -> Transform:
-        kernel = max(3, (size // 10) | 1)  # odd, ~10% of the crop as in SimCLR
+        kernel = self.blur_kernel_size or max(3, (size // 10) | 1)  # odd, ~10% of the crop as in SimCLR
         ops: list[v2.Transform] = [
             v2.ToImage(),
             v2.RandomResizedCrop(size, scale=scale, antialias=True),
@@ -207,7 +220,7 @@ class MultiCropViews(ViewTransform):
             v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=self.blur_p),
         ]
         if solarize:
-            ops.append(v2.RandomSolarize(threshold=128, p=self.solarize_p))
+            ops.append(v2.RandomSolarize(threshold=self.solarize_threshold, p=self.solarize_p))
         return v2.Compose(ops + _to_tensor(mean, std)[1:])
 
     def build(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> MultiViewTransform:

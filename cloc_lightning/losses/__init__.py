@@ -3,6 +3,8 @@
 - :class:`OrdinalContrastiveLoss_mm` / :class:`OrdinalContrastiveLoss_sm` — CLOC (Pitawela et al., CVPR 2025)
 - :class:`SupConLoss` / :func:`supcon_loss` — SupCon and SimCLR (Khosla et al., NeurIPS 2020)
 - :class:`OrdinalCLIPLoss` — OrdinalCLIP's CE + KL rank loss (Li et al., NeurIPS 2022)
+- :class:`SigmoidContrastiveLoss` / :func:`sigmoid_contrastive_loss` — ReLIC's sigmoid loss with
+  confidence penalty and KL invariance term (Basara 2024; SigLIP, Zhai et al. 2023; ReLIC, Mitrovic et al. 2020)
 """
 
 from cloc_lightning.losses.cloc import (
@@ -12,6 +14,7 @@ from cloc_lightning.losses.cloc import (
     inverse_softplus,
 )
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss
+from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 
 __all__ = [
@@ -23,4 +26,6 @@ __all__ = [
     "ordinal_clip_loss",
     "SupConLoss",
     "supcon_loss",
+    "SigmoidContrastiveLoss",
+    "sigmoid_contrastive_loss",
 ]

@@ -115,11 +115,19 @@ def _check_n_classes(n_classes: Any) -> int:
     return int(n_classes)
 
 
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_margin_value(value: Any, where: str) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        hint = " (a quoted string in YAML? write 0.4, not '0.4')" if isinstance(value, str) else ""
+        hint = " (a quoted string in YAML? write 0.4, not '0.4')" if isinstance(value, str) and _is_float(value) else ""
         raise TypeError(f"{where}: the margin value must be a number > 0 or None, got {value!r} "
                         f"({type(value).__name__}){hint}")
     value = float(value)

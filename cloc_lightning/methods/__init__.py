@@ -6,7 +6,9 @@ from cloc_lightning.methods.cloc import CLOCModule
 from cloc_lightning.methods.linear_probe import LinearProbeModule
 from cloc_lightning.methods.supcon import SupConModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
+from cloc_lightning.methods.relic import ReLICModule
 
 __all__ = ["BaseModule", "ClassifierModule", "CEModule", "CLOCModule"]
 __all__ += ["LinearProbeModule", "SupConModule"]
 __all__ += ["OrdinalCLIPModule"]
+__all__ += ["ReLICModule"]

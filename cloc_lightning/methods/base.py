@@ -46,6 +46,29 @@ OptimizerName = Literal["adam", "adamw", "sgd", "radam"]
 SchedulerName = Literal["cosine", "step", "none"]
 
 
+def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``max |x|`` over all tensors (NaN if any entry is NaN, inf if any is inf; never overflows)."""
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if total_norm is not None:  # torch >= 2.6: one fused (foreach) reduction
+        return total_norm(tensors, norm_type=math.inf)
+    return torch.stack([t.detach().abs().max().float() for t in tensors if t.numel()]).max()
+
+
+def _is_default_checkpoint(cb: Callback) -> bool:
+    """Whether ``cb`` is Lightning's own ``ModelCheckpoint()`` (added when no checkpoint callback is configured)."""
+    if type(cb) is not ModelCheckpoint:
+        return False
+    default = ModelCheckpoint()
+    return (
+        cb.state_key == default.state_key
+        and cb.dirpath is None
+        and cb.filename is None
+        and cb.save_last is None
+        and cb.save_top_k == default.save_top_k
+        and cb.save_weights_only == default.save_weights_only
+    )
+
+
 def lr_factor(
     step: int,
     total_steps: int,
@@ -96,6 +119,9 @@ class BaseModule(L.LightningModule):
         init_from: a checkpoint (ours or a plain ``state_dict`` file) whose matching
             weights initialise this module before training (weights only: no
             optimiser state, epoch or hyper-parameters; ``--ckpt_path`` resumes instead).
+        check_finite_loss: raise a ``FloatingPointError`` naming the fixes when a training
+            loss or a gradient is NaN/inf, before it reaches the weights (see
+            :meth:`on_before_backward` and :meth:`on_before_optimizer_step`).
     """
 
     #: metric the default checkpoint callback monitors, and whether lower is better
@@ -123,6 +149,7 @@ class BaseModule(L.LightningModule):
         lr_milestones: list[int] | None = None,
         lr_gamma: float = 0.1,
         init_from: str | None = None,
+        check_finite_loss: bool = True,
     ) -> None:
         super().__init__()
         if lr <= 0:
@@ -184,13 +211,21 @@ class BaseModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_callbacks(self) -> list[Callback]:
-        """Best-``monitor`` checkpointing (+ ``last.ckpt``) unless the user configured a monitored one."""
+        """Best-``monitor`` checkpointing (+ ``last.ckpt``), LR logging and RNG state in checkpoints.
+
+        The best-checkpoint callback replaces Lightning's default ``ModelCheckpoint()`` only:
+        a ``ModelCheckpoint`` that you configure (monitored or not, e.g. every N steps) is kept
+        as it is (Lightning would drop it for one returned here, so none is returned then).
+        :class:`~cloc_lightning.callbacks.resume.ResumeState` makes resumed fits exact.
+        """
+        from cloc_lightning.callbacks.resume import ResumeState
+
         callbacks: list[Callback] = []
         trainer = self._trainer
         if trainer is None:
             return callbacks
         existing = trainer.checkpoint_callbacks
-        if existing and not any(getattr(cb, "monitor", None) for cb in existing):
+        if existing and all(_is_default_checkpoint(cb) for cb in existing):
             callbacks.append(
                 ModelCheckpoint(
                     monitor=self.monitor,
@@ -202,7 +237,56 @@ class BaseModule(L.LightningModule):
             )
         if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
+        if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
+            callbacks.append(ResumeState())
         return callbacks
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Stop with an error naming the fixes when the training loss is NaN/inf (``check_finite_loss``).
+
+        Raised before the backward pass, so the weights keep their last finite values (a
+        NaN loss would otherwise turn every weight NaN silently).  Under DDP the flag is
+        summed over ranks, so every rank raises and none hangs.  Costs one host sync per step.
+        """
+        if not self.hparams.get("check_finite_loss", True):
+            return
+        from cloc_lightning import distributed as dist_utils
+
+        bad = (~torch.isfinite(loss.detach())).any().to(torch.float32).reshape(1)
+        if dist_utils.is_distributed():
+            bad = dist_utils.all_reduce_sum(bad)
+        if bool(bad.item()):
+            raise FloatingPointError(
+                f"{type(self).__name__}: the training loss is not finite ({float(loss.detach().float().sum())}) at "
+                f"step {self.global_step} (epoch {self.current_epoch}); stopped before the weights were updated. "
+                "Lower the learning rate (--model.lr), clip gradients (--trainer.gradient_clip_val 1.0), use "
+                "bf16-mixed instead of 16-mixed, or check the data for NaN/inf. Resume from the last finite "
+                "checkpoint with --ckpt_path; --model.check_finite_loss false turns this check off."
+            )
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Stop before the optimiser step when a gradient is NaN/inf although the loss was finite (``check_finite_loss``).
+
+        One max-abs reduction over the gradients and a host sync per step.  Under DDP the
+        gradients are already averaged, so every rank raises.  Skipped under fp16's
+        ``GradScaler``, which skips such steps itself.
+        """
+        if not self.hparams.get("check_finite_loss", True):
+            return
+        trainer = self._trainer
+        if trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not grads or bool(torch.isfinite(_max_abs(grads))):
+            return
+        bad = [n for n, p in self.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        raise FloatingPointError(
+            f"{type(self).__name__}: non-finite gradients (NaN/inf) in {len(bad)} tensor(s) {bad[:4]} at step "
+            f"{self.global_step} although the loss was finite; stopped before the optimiser step (weights unchanged). "
+            "On CPU, bf16 autocast convolutions on 1x1 feature maps (small images or crops through a deep network) "
+            "are a known source (use --trainer.precision 32-true, or larger crops); otherwise lower the learning "
+            "rate or clip gradients. --model.check_finite_loss false turns this check off."
+        )
 
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:

@@ -550,6 +550,31 @@ class OrdinalCLIPModule(ClassifierModule):
                 self.log("train/logit_scale", self.head.effective_logit_scale().exp(), batch_size=n)
         return loss
 
+    # ------------------------------------------------------------------ frozen-encoder probes
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the class, so :mod:`cloc_lightning.probe` finds :meth:`encoder_state_dict`."""
+        from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
+
+        checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
+
+    @classmethod
+    def encoder_state_dict(cls, checkpoint: dict[str, Any]) -> dict[str, Tensor]:
+        """The probe hook (:mod:`cloc_lightning.probe`): the timm ``backbone`` weights, for ``image_encoder: timm``.
+
+        A CLIP visual tower (``image_encoder: clip``) is not a timm model, so
+        ``LinearProbeModule`` / ``cloc-lightning probe`` cannot rebuild it: a clear error.
+        """
+        hp = checkpoint.get("hyper_parameters") or {}
+        if hp.get("image_encoder", "clip") != "timm":
+            raise ValueError(
+                "this OrdinalCLIPModule checkpoint (image_encoder: clip) holds a CLIP visual tower, not a timm "
+                "backbone, so LinearProbeModule / cloc-lightning probe cannot rebuild its encoder; evaluate it with "
+                "`cloc-lightning test --ckpt_path ...` or `cloc-lightning export-prototypes`, or train OrdinalCLIP "
+                "with image_encoder: timm to probe its backbone"
+            )
+        state = checkpoint.get("state_dict") or {}
+        return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
         """``{'pred': argmax rank, 'expected': sum softmax·rank, 'probs': [B, R], 'target'}``, as the export predicts."""
         x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)

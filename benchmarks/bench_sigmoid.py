@@ -1,0 +1,229 @@
+"""Sigmoid contrastive loss fwd+bwd: ours vs open_clip ``SigLipLoss`` vs the seed's ``scl_loss``.
+
+Run with ``python -m benchmarks.bench_sigmoid`` (``--quick`` for a small smoke run that writes
+nothing).  Main case: batch 2048, dim 128, ``tau = log 5``, ``b = -5``, ``max_tau = 5`` (the
+seed's defaults); ``x``, ``x'``, ``tau`` and ``b`` all require gradients.
+
+* ``ours`` -- :func:`cloc_lightning.losses.sigmoid.sigmoid_contrastive_loss`, at
+  ``gamma = alpha = 0`` (plain SigLIP) and at ``gamma = 1, alpha = 1`` (the seed's setting);
+* ``SigLipLoss`` -- ``open_clip.loss.SigLipLoss`` (the real package) fed the L2-normalised
+  features (ours normalises inside, so the normalisation is part of every step),
+  ``logit_scale = clamp(exp(tau), 0, max_tau)`` and ``logit_bias = b``: the same loss as ours at
+  ``gamma = alpha = 0``;
+* ``scl_loss`` -- :mod:`benchmarks.reference.scl_reference`, a reimplementation of the seed's
+  op-by-op computation, at ``gamma = 1, alpha = 1``.
+
+All four are timed interleaved in one process (``harness.time_interleaved``), once with 1
+torch thread and once with the default thread count; peak memory is measured per
+implementation in a fresh process (``harness.peak_memory_mb``).  Before timing, values and
+gradients of each pair are compared on the benchmarked input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
+from benchmarks.reference.scl_reference import scl_reference
+from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
+
+BATCH = 2048
+DIM = 128
+TAU0, B0, MAX_TAU = math.log(5.0), -5.0, 5.0
+IMPLS = ("ours_g0a0", "siglip", "ours_g1a1", "scl")
+LABELS = {
+    "ours_g0a0": "ours, gamma = 0, alpha = 0",
+    "siglip": "open_clip SigLipLoss",
+    "ours_g1a1": "ours, gamma = 1, alpha = 1",
+    "scl": "seed scl_loss (reimplementation), gamma = 1, alpha = 1",
+}
+#: (name, numerator impl, denominator impl, goal, higher is better)
+GOALS = [
+    ("gamma = alpha = 0: SigLipLoss time / ours", "siglip", "ours_g0a0", 1.0, True),
+    ("gamma = alpha = 1: scl_loss time / ours", "scl", "ours_g1a1", 4.0, True),
+    ("gamma = alpha = 1: ours / SigLipLoss time", "ours_g1a1", "siglip", 1.5, False),
+]
+
+
+def _inputs(n: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    xp = 0.5 * x + torch.randn(n, dim, generator=g)  # correlated views, as online/target projections
+    return x, xp
+
+
+def _loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    if impl == "ours_g0a0":
+        return lambda x, xp, t, b: sigmoid_contrastive_loss(x, xp, t, b, alpha=0.0, gamma=0.0, max_tau=MAX_TAU)[0]
+    if impl == "ours_g1a1":
+        return lambda x, xp, t, b: sigmoid_contrastive_loss(x, xp, t, b, alpha=1.0, gamma=1.0, max_tau=MAX_TAU)[0]
+    if impl == "scl":
+        return lambda x, xp, t, b: scl_reference(x, xp, t, b, alpha=1.0, gamma=1.0, max_tau=MAX_TAU)[0]
+    if impl == "siglip":
+        from open_clip.loss import SigLipLoss
+
+        siglip = SigLipLoss()
+        return lambda x, xp, t, b: siglip(
+            F.normalize(x, dim=-1), F.normalize(xp, dim=-1), t.exp().clamp(0, MAX_TAU), b
+        )
+    raise ValueError(f"unknown impl {impl!r}")
+
+
+def make_case(impl: str, n: int, dim: int = DIM) -> Callable[[], float]:
+    """Build inputs; return a zero-argument fwd+bwd of ``impl`` (used for timing and memory)."""
+    x, xp = _inputs(n, dim)
+    tau = torch.tensor(TAU0, requires_grad=True)
+    b = torch.tensor(B0, requires_grad=True)
+    fn = _loss_fn(impl)
+
+    def step() -> float:
+        xx = x.detach().requires_grad_(True)
+        xxp = xp.detach().requires_grad_(True)
+        tau.grad = b.grad = None
+        loss = fn(xx, xxp, tau, b)
+        loss.backward()
+        return float(loss.detach())
+
+    return step
+
+
+def _value_and_grads(impl: str, n: int) -> tuple[float, list[torch.Tensor]]:
+    x, xp = _inputs(n, DIM)
+    xx, xxp = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)
+    tau = torch.tensor(TAU0, requires_grad=True)
+    b = torch.tensor(B0, requires_grad=True)
+    loss = _loss_fn(impl)(xx, xxp, tau, b)
+    grads = torch.autograd.grad(loss, [xx, xxp, tau, b])
+    return float(loss.detach()), list(grads)
+
+
+def _agreement(n: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for ours, peer in (("ours_g0a0", "siglip"), ("ours_g1a1", "scl")):
+        lo, go = _value_and_grads(ours, n)
+        lp, gp = _value_and_grads(peer, n)
+        out[f"{ours}_vs_{peer}"] = {
+            "loss_ours": lo,
+            "loss_peer": lp,
+            "abs_loss_diff": abs(lo - lp),
+            "max_abs_grad_diff_x": float((go[0] - gp[0]).abs().max()),
+            "max_abs_grad_diff_x_prime": float((go[1] - gp[1]).abs().max()),
+            "max_abs_grad_x": float(gp[0].abs().max()),
+            "abs_grad_diff_tau": abs(float(go[2]) - float(gp[2])),
+            "abs_grad_diff_b": abs(float(go[3]) - float(gp[3])),
+        }
+    return out
+
+
+def _time_section(n: int, repeats: int, quick: bool) -> dict[str, Any]:
+    cases = {impl: make_case(impl, n) for impl in IMPLS}
+    stats = time_interleaved(cases, repeats=repeats, warmup=2, max_seconds=60 if quick else 300)
+    mem = {impl: peak_memory_mb("benchmarks.bench_sigmoid:make_case", {"impl": impl, "n": n}) for impl in IMPLS}
+    ratios = {name: stats[num].median_ms / stats[den].median_ms for name, num, den, _, _ in GOALS}
+    return {"threads": torch.get_num_threads(), "stats": stats, "peak_memory_mb": mem, "ratios": ratios}
+
+
+def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
+    stats, mem = sec["stats"], sec["peak_memory_mb"]
+    rows = []
+    for impl in IMPLS:
+        s = stats[impl]
+        rows.append(
+            [
+                LABELS[impl],
+                f"{s.median_ms:.1f} ({s.q25_ms:.1f}-{s.q75_ms:.1f})",
+                f"{s.median_ms / stats['siglip'].median_ms:.2f}x",
+                f"{mem[impl]:.0f}",
+            ]
+        )
+    table = markdown_table(["implementation", "fwd+bwd ms (IQR)", "time / SigLipLoss", "peak MiB"], rows)
+    goal_rows = []
+    for name, _, _, goal, higher in GOALS:
+        value = sec["ratios"][name]
+        ok = value >= goal if higher else value <= goal
+        verdict = ("met" if ok else "NOT met") if n == BATCH else "smoke run (goals are for batch 2048)"
+        goal_rows.append([name, f"{'>=' if higher else '<='} {goal:g}", f"{value:.2f}", verdict])
+    goal_table = markdown_table(["goal (issue 7)", "target", "measured", ""], goal_rows)
+    return (
+        f"#### {sec['threads']} torch thread{'s' if sec['threads'] != 1 else ''} "
+        f"(median of {stats['ours_g0a0'].n} interleaved repeats)\n\n{table}\n\n{goal_table}\n"
+    )
+
+
+def run(quick: bool = False, threads: list[int | None] | None = None) -> tuple[str, dict[str, Any]]:
+    """Run the benchmark; return (markdown, data).
+
+    ``threads``: thread counts to time with (``None`` = torch's default); by default
+    ``[1, None]``.  The full run also writes ``benchmarks/results/sigmoid.{md,json}``;
+    ``quick=True`` uses batch 512 and few repeats and writes nothing.
+    """
+    n = 512 if quick else BATCH
+    repeats = 5 if quick else 15
+    default_threads = torch.get_num_threads()
+    data: dict[str, Any] = {
+        "case": {"batch": n, "dim": DIM, "tau": TAU0, "b": B0, "max_tau": MAX_TAU},
+        "agreement": _agreement(n),
+        "sections": [],
+    }
+    sections_md = []
+    try:
+        for th in threads if threads is not None else [1, None]:
+            torch.set_num_threads(default_threads if th is None else th)
+            sec = _time_section(n, repeats, quick)
+            data["sections"].append(
+                {
+                    "threads": sec["threads"],
+                    "time_ms": {k: vars(v) for k, v in sec["stats"].items()},
+                    "peak_memory_mb": sec["peak_memory_mb"],
+                    "ratios": sec["ratios"],
+                }
+            )
+            sections_md.append(_section_md(sec, n, quick))
+    finally:
+        torch.set_num_threads(default_threads)
+
+    agree_rows = []
+    for key, a in data["agreement"].items():
+        ours, peer = key.split("_vs_")
+        agree_rows.append(
+            [
+                f"{LABELS[ours]} vs {LABELS[peer]}",
+                f"{a['loss_ours']:.7f} / {a['loss_peer']:.7f}",
+                f"{a['abs_loss_diff']:.1e}",
+                f"{max(a['max_abs_grad_diff_x'], a['max_abs_grad_diff_x_prime']):.1e} (max |grad| {a['max_abs_grad_x']:.1e})",
+                f"{a['abs_grad_diff_tau']:.1e} / {a['abs_grad_diff_b']:.1e}",
+            ]
+        )
+    agree_table = markdown_table(
+        ["pair", "loss (ours / peer)", "|loss diff|", "max |grad diff| x, x'", "|grad diff| tau / b"], agree_rows
+    )
+    md = (
+        f"### Sigmoid contrastive loss, fwd+bwd, batch {n}, dim {DIM}, tau = log 5, b = -5, max_tau = 5\n\n"
+        f"x, x', tau and b require gradients; every step includes the L2 normalisation (ours and the seed "
+        f"normalise inside the loss, SigLipLoss is fed `F.normalize`d features). Peak memory = peak RSS above "
+        f"the baseline during one fwd+bwd in a fresh process (see `benchmarks/harness.py`). The CPU is shared "
+        f"with other jobs: absolute times vary by several x between runs, the ratios (interleaved in one "
+        f"process) are what the goals use.\n\n"
+        + "\n".join(sections_md)
+        + f"\n#### Agreement on the benchmarked input (float32)\n\n{agree_table}\n"
+    )
+    if not quick:  # a smoke run never overwrites the published numbers
+        write_results("sigmoid", md, data, "python -m benchmarks.bench_sigmoid")
+    return md, data
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="batch 512, few repeats (smoke run, writes nothing)")
+    parser.add_argument(
+        "--threads", type=int, nargs="*", default=None,
+        help="torch thread counts to time with (0 = torch default); default: 1 and the default",
+    )
+    args = parser.parse_args()
+    th = None if args.threads is None else [t or None for t in args.threads]
+    print(run(quick=args.quick, threads=th)[0])

@@ -1,0 +1,49 @@
+"""Fault injection for ``tests/test_reliability.py`` (importable by ``class_path`` from a CLI subprocess)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import Dataset
+
+
+class PauseAtStep(Callback):
+    """At the start of training batch ``global_step == step``, write ``marker`` (the pid) and sleep.
+
+    The checkpoint of the previous step has been written by then (``ModelCheckpoint`` runs
+    last in ``on_train_batch_end``), so the test can SIGKILL the process at a known step.
+    """
+
+    def __init__(self, step: int, marker: str, seconds: float = 600.0) -> None:
+        self.step = step
+        self.marker = marker
+        self.seconds = seconds
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            Path(self.marker).write_text(str(os.getpid()))
+            time.sleep(self.seconds)
+
+
+class DyingWorkerDataset(Dataset):
+    """A dataset whose ``__getitem__`` kills the loader worker process (``os._exit``) at ``index``."""
+
+    def __init__(self, n: int = 32, index: int = 3) -> None:
+        self.n = n
+        self.index = index
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+        from torch.utils.data import get_worker_info
+
+        if i == self.index and get_worker_info() is not None:
+            os._exit(7)
+        return torch.zeros(3, 16, 16), i % 2
