@@ -490,3 +490,32 @@ def test_gather_distributed_is_a_no_op_on_one_process() -> None:
     a = sigmoid_contrastive_loss(x, xp, 0.3, -1.0, alpha=1.0, gamma=1.0, gather_distributed=True)
     c = sigmoid_contrastive_loss(x, xp, 0.3, -1.0, alpha=1.0, gamma=1.0)
     torch.testing.assert_close(a, c, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n,d", [(1, 3), (5, 3), (40, 16)])
+@pytest.mark.parametrize("gamma", [0.0, 1.0, 2.0])
+def test_compute_invariance_false_skips_the_kl_and_keeps_the_loss(
+    n: int, d: int, gamma: float, block_elements: int
+) -> None:
+    """``compute_invariance=False`` (alpha = 0): the same loss and gradients as the seed's formula, no KL."""
+    x, xp = _problem(n, d, seed=7 * n + d)
+    xx, xxp = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)
+    t = torch.tensor(math.log(3.0), dtype=torch.float64, requires_grad=True)
+    bb = torch.tensor(-1.5, dtype=torch.float64, requires_grad=True)
+    loss, kl = sigmoid_contrastive_loss(xx, xxp, t, bb, gamma=gamma, compute_invariance=False)
+    assert kl is None
+    got = torch.autograd.grad(loss, [xx, xxp, t, bb])
+    rx, rxp = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)
+    rt = torch.tensor(math.log(3.0), dtype=torch.float64, requires_grad=True)
+    rb = torch.tensor(-1.5, dtype=torch.float64, requires_grad=True)
+    r_loss, _ = reference_torch(rx, rxp, rt, rb, gamma=gamma)
+    want = torch.autograd.grad(r_loss, [rx, rxp, rt, rb])
+    assert loss.item() == pytest.approx(r_loss.item(), rel=1e-10, abs=1e-12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-12)
+
+
+def test_compute_invariance_false_needs_alpha_zero() -> None:
+    x, xp = _problem(4, 3, seed=0)
+    with pytest.raises(ValueError, match="compute_invariance=False skips the KL term.*set alpha=0.0"):
+        sigmoid_contrastive_loss(x, xp, 0.0, 0.0, alpha=0.5, compute_invariance=False)

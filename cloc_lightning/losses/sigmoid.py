@@ -221,6 +221,7 @@ class _SigmoidContrastive(torch.autograd.Function):
         threshold: float | None,
         alpha: float,
         square: bool,
+        with_kl: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.set_materialize_grads(False)
         need = any(ctx.needs_input_grad[:6])
@@ -228,20 +229,22 @@ class _SigmoidContrastive(torch.autograd.Function):
         n, n_cols = x.shape[0], xp_cols.shape[0]
         # the KL is invariant to b: it runs on L - b; b is added to each block for the sigmoid part
         gl = _logits(x, xp_cols, s)  # L - b, becomes dloss/dL
-        gm = _transposed_logits(gl, xp_rows, x_cols, s, square)  # rows of L.T - b, become dKL/d(L.T)
+        # rows of L.T - b, become dKL/d(L.T); not built when the KL is not wanted (alpha = 0)
+        gm = _transposed_logits(gl, xp_rows, x_cols, s, square) if with_kl else None
         shift = _exp_shift(s)
         rows = _row_block(n_cols, x.device, n)
         n_blocks = -(-n // rows)
         loss_parts = x.new_empty(n_blocks)
-        kl_parts = x.new_empty(n_blocks)
+        kl_parts = x.new_zeros(n_blocks)
         general = gamma not in (0.0, 1.0) or threshold is not None
         buf = [x.new_empty(rows, n_cols) for _ in range(4 if general else 3)]
         ar = torch.arange(rows, device=x.device)
         for blk, i0 in enumerate(range(0, n, rows)):
             k = min(rows, n - i0)
-            lb, mb = gl[i0 : i0 + k], gm[i0 : i0 + k]
+            lb = gl[i0 : i0 + k]
             p, t, a = buf[0][:k], buf[1][:k], buf[2][:k]
-            kl_parts[blk] = _kl_block(lb, mb, p, t, store_kl, shift).sum()
+            if gm is not None:
+                kl_parts[blk] = _kl_block(lb, gm[i0 : i0 + k], p, t, store_kl, shift).sum()
             lb.add_(b)
             # positives of these rows sit in column offset + i: u = L with them negated
             flat = ar[:k] * (n_cols + 1) + (offset + i0)
@@ -316,7 +319,7 @@ class _SigmoidContrastive(torch.autograd.Function):
             contribute(d, g_kl, 0, 1, x, xp_cols)
             if dm is not None:
                 contribute(dm, g_kl, 2, 3, xp_rows, x_cols)
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None)
 
 
 def _kl_gradients(
@@ -438,7 +441,8 @@ def sigmoid_contrastive_loss(
     filtering_warmup_steps: int = 5000,
     filtering_threshold: float = 0.05,
     gather_distributed: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    compute_invariance: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sigmoid contrastive loss (the seed's ``scl_loss``); see the module docstring for the formula.
 
     Args:
@@ -458,10 +462,15 @@ def sigmoid_contrastive_loss(
         filtering_threshold: penalty threshold (>= 0) a negative must exceed to be kept.
         gather_distributed: score the local rows against the global batch (see the module
             docstring); ignored on a single process.
+        compute_invariance: compute the KL value even when ``alpha == 0`` (the seed always
+            returns it, for logging; default).  ``False`` skips it -- the plain SigLIP
+            loss then costs what open_clip's ``SigLipLoss`` costs -- and returns ``None``
+            for it; it needs ``alpha == 0``.
 
     Returns:
         ``(loss, invariance_loss)``: scalar float32 tensors (float64 for float64 inputs);
-        ``invariance_loss`` is the KL term (already included as ``alpha * KL`` in ``loss``).
+        ``invariance_loss`` is the KL term (already included as ``alpha * KL`` in ``loss``),
+        ``None`` with ``compute_invariance=False``.
         Under ``gather_distributed`` both are this rank's share (their mean over ranks is
         the value on the concatenated batch).
 
@@ -488,6 +497,11 @@ def sigmoid_contrastive_loss(
     tau_t = _as_param("tau", tau, dtype, device)
     b_t = _as_param("b", b, dtype, device)
     threshold = thr if (penalty_filtering and step >= warmup) else None
+    if not compute_invariance and alpha_f != 0.0:
+        raise ValueError(
+            f"compute_invariance=False skips the KL term, but alpha={alpha_f} adds it to the loss; "
+            "set alpha=0.0 or compute_invariance=True"
+        )
 
     with torch.autocast(device_type=device.type, enabled=False):
         xn = F.normalize(x.to(dtype), dim=1)
@@ -501,10 +515,11 @@ def sigmoid_contrastive_loss(
         else:
             xp_cols, x_cols, offset = xpn, xn, 0
         loss_sum, kl_sum = _SigmoidContrastive.apply(
-            xn, xp_cols, xpn, x_cols, s, b_t, offset, gamma_f, threshold, alpha_f, not distributed
+            xn, xp_cols, xpn, x_cols, s, b_t, offset, gamma_f, threshold, alpha_f, not distributed,
+            bool(compute_invariance),
         )
         scale = _row_mean_scale(xn.shape[0], distributed, xn)
-        return loss_sum * scale, kl_sum * scale
+        return loss_sum * scale, (kl_sum * scale if compute_invariance else None)
 
 
 class SigmoidContrastiveLoss(nn.Module):

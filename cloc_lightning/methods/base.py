@@ -354,6 +354,35 @@ class BaseModule(L.LightningModule):
         return x, y
 
 
+
+class OnlineProbeEvalMixin:
+    """Validation, test and predict for pre-training modules that carry an online linear probe.
+
+    The module defines ``_eval_step(batch, stage)`` and ``self.probe`` (an
+    :class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe` or ``None``); predictions are
+    the probe's on :meth:`BaseModule.extract_features` (override that hook to change which
+    features the probe reads, as ReLIC does with its target encoder).
+    """
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "val")  # type: ignore[attr-defined]
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "test")  # type: ignore[attr-defined]
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        """The online probe's ``{'pred', 'expected', 'probs'}`` (+ ``'target'``) for single-view batches."""
+        if self.probe is None:  # type: ignore[attr-defined]
+            raise ValueError(
+                f"{type(self).__name__}.predict needs the online probe (online_probe: true); "
+                "for embeddings call model.extract_features(images)"
+            )
+        x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)
+        out = self.probe.predict(self.extract_features(x))  # type: ignore[attr-defined]
+        if y is not None:
+            out["target"] = y
+        return out
+
 class ClassifierModule(BaseModule):
     """Backbone + linear head with ordinal/nominal metrics for validation, test and predict.
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
-from cloc_lightning.methods.base import BaseModule, OptimizerName, SchedulerName
+from cloc_lightning.methods.base import BaseModule, OnlineProbeEvalMixin, OptimizerName, SchedulerName
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineLinearProbe, knn_predict
 from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
@@ -127,7 +127,7 @@ def copy_module_state_(online: Sequence[nn.Module], target: Sequence[nn.Module])
 
 
 # ---------------------------------------------------------------------- module
-class ReLICModule(BaseModule):
+class ReLICModule(OnlineProbeEvalMixin, BaseModule):
     """ReLIC pre-training with the sigmoid contrastive loss (online + EMA target, multi-crop).
 
     Each training batch holds ``num_global_views + num_local_views`` views per image
@@ -858,22 +858,3 @@ class ReLICModule(BaseModule):
         knn = self._knn_accuracy(features, y) if stage == "val" else None
         if knn is not None:
             self.log(f"{stage}/knn/acc", knn, on_step=False, on_epoch=True, sync_dist=True, batch_size=int((y >= 0).sum()))
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
-        """The online probe's ``{'pred', 'expected', 'probs'}`` (+ ``'target'``) for single-view batches."""
-        if self.probe is None:
-            raise ValueError(
-                f"{type(self).__name__}.predict needs the online probe (online_probe: true); "
-                "for embeddings call model.extract_features(images)"
-            )
-        x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)
-        out = self.probe.predict(self.extract_features(x))
-        if y is not None:
-            out["target"] = y
-        return out

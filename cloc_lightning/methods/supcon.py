@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from cloc_lightning.losses.supcon import SupConLoss
-from cloc_lightning.methods.base import BaseModule, OptimizerName, SchedulerName
+from cloc_lightning.methods.base import BaseModule, OnlineProbeEvalMixin, OptimizerName, SchedulerName
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineLinearProbe
 from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
@@ -29,7 +29,7 @@ __all__ = ["SupConModule"]
 DEFAULT_TEMPERATURE = {"supcon": 0.1, "simclr": 0.5}
 
 
-class SupConModule(BaseModule):
+class SupConModule(OnlineProbeEvalMixin, BaseModule):
     """Contrastive pre-training with :class:`~cloc_lightning.losses.SupConLoss` (SupCon, or SimCLR without labels).
 
     Each training batch holds ``n_views`` augmented views of every image (set
@@ -305,22 +305,3 @@ class SupConModule(BaseModule):
             feats = self.backbone(x)
         if self.probe is not None:
             self.log_dict(self.probe.eval_step(feats, y, stage), on_step=False, on_epoch=True, batch_size=bsz)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
-        """The online probe's ``{'pred', 'expected', 'probs'}`` (+ ``'target'``) for single-view batches."""
-        if self.probe is None:
-            raise ValueError(
-                f"{type(self).__name__}.predict needs the online probe (online_probe: true); "
-                "for embeddings call model(images)['features']"
-            )
-        x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)
-        out = self.probe.predict(self.backbone(x))
-        if y is not None:
-            out["target"] = y
-        return out
