@@ -141,6 +141,10 @@ UTKFACE = Table(
         Row("ce_few", "CE", "supervised", "configs/ce/utkface.yaml", _FEW, column="few-shot"),
         Row("cloc_mm_few", "CE + CLOC mm (two phases)", "supervised", "configs/cloc/utkface.yaml", _FEW + _UTK_FREEZE,
             column="few-shot", quick_overrides=_UTK_FREEZE_QUICK),
+        Row("ordinal_clip_few", "OrdinalCLIP (random-init CLIP)", "supervised", "configs/ordinal_clip/utkface.yaml",
+            _FEW + _CLIP_BINS, column="few-shot"),
+        Row("linear_head_few", "Linear head (OrdinalCLIP baseline)", "supervised", "configs/ordinal_clip/utkface_linear.yaml",
+            _FEW + _CLIP_BINS, column="few-shot"),
     ],
     scale=[
         "--data.image_size", "32",
