@@ -169,7 +169,7 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
             rows.append([
                 str(dim),
                 LABELS[impl],
-                f"{s.median_ms:.1f} ({s.q25_ms:.1f}-{s.q75_ms:.1f})",
+                s.fmt_iqr(),
                 f"{s.median_ms / stats['ours'].median_ms:.0f}x" if impl == "reference" else "1x",
                 f"{mem[impl]:.0f}",
                 f"{agree['loss_ours' if impl == 'ours' else 'loss_reference']:.8f}",

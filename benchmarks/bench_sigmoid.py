@@ -142,7 +142,7 @@ def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
         rows.append(
             [
                 LABELS[impl],
-                f"{s.median_ms:.1f} ({s.q25_ms:.1f}-{s.q75_ms:.1f})",
+                s.fmt_iqr(),
                 f"{s.median_ms / stats['siglip'].median_ms:.2f}x",
                 f"{mem[impl]:.0f}",
             ]

@@ -106,7 +106,6 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
     """
     n = 512 if quick else 2048
     repeats = 5 if quick else 15
-    n_anchor = n * VIEWS
     data: dict[str, Any] = {
         "case": {"batch": n, "views": VIEWS, "dim": DIM, "classes": N_CLASSES, "temperature": TEMPERATURE, "tile": TILE},
         "auto_dense_max_elements": AUTO_DENSE_MAX_ELEMENTS,
@@ -140,7 +139,7 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
         rows.append(
             [
                 LABELS[impl],
-                f"{s.median_ms:.1f} ({s.q25_ms:.1f}-{s.q75_ms:.1f})",
+                s.fmt_iqr(),
                 f"{s.median_ms / t_ours:.2f}x",
                 f"{mem[impl]:.0f}",
                 f"{agreement[impl]['loss']:.6f}",

@@ -63,6 +63,10 @@ class Stats:
     def fmt(self) -> str:
         return f"{self.median_ms:.2f}"
 
+    def fmt_iqr(self) -> str:
+        """``median (q25-q75)`` with one decimal, as the result tables show it."""
+        return f"{self.median_ms:.1f} ({self.q25_ms:.1f}-{self.q75_ms:.1f})"
+
 
 def _sync(device: torch.device | str | None) -> None:
     if device is not None and torch.device(device).type == "cuda":

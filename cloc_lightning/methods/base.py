@@ -356,13 +356,25 @@ class BaseModule(L.LightningModule):
 
 
 class OnlineProbeEvalMixin:
-    """Validation, test and predict for pre-training modules that carry an online linear probe.
+    """Monitor, validation, test and predict for pre-training modules that carry an online linear probe.
 
     The module defines ``_eval_step(batch, stage)`` and ``self.probe`` (an
     :class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe` or ``None``); predictions are
     the probe's on :meth:`BaseModule.extract_features` (override that hook to change which
     features the probe reads, as ReLIC does with its target encoder).
     """
+
+    @property
+    def monitor(self) -> str:
+        """The online probe's validation accuracy, or the training loss without a probe."""
+        return "val/online_probe/acc" if self._probe_wanted() else "train/loss"
+
+    @property
+    def monitor_mode(self) -> Literal["min", "max"]:
+        return "max" if self._probe_wanted() else "min"
+
+    def _probe_wanted(self) -> bool:
+        return bool(self.hparams.get("online_probe", True))  # type: ignore[attr-defined]
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._eval_step(batch, "val")  # type: ignore[attr-defined]

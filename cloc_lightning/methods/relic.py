@@ -550,18 +550,6 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
             )
         return (scores.argmax(dim=1) == y[keep].to(scores.device)).float().mean()
 
-    # --------------------------------------------------------------- monitor
-    @property
-    def monitor(self) -> str:  # type: ignore[override]
-        return "val/online_probe/acc" if self._probe_wanted() else "train/loss"
-
-    @property
-    def monitor_mode(self) -> Literal["min", "max"]:  # type: ignore[override]
-        return "max" if self._probe_wanted() else "min"
-
-    def _probe_wanted(self) -> bool:
-        return bool(self.hparams.get("online_probe", True))
-
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
         """``init_from``; check the data module's views and batch size; build the probe from its classes/task."""

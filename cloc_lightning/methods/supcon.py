@@ -181,18 +181,6 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
             groups.append(self.probe.param_group(lr=h.get("online_probe_lr") or h.lr))
         return groups
 
-    # --------------------------------------------------------------- monitor
-    @property
-    def monitor(self) -> str:  # type: ignore[override]
-        return "val/online_probe/acc" if self._probe_wanted() else "train/loss"
-
-    @property
-    def monitor_mode(self) -> Literal["min", "max"]:  # type: ignore[override]
-        return "max" if self._probe_wanted() else "min"
-
-    def _probe_wanted(self) -> bool:
-        return bool(self.hparams.get("online_probe", True))
-
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
         """``init_from``; check the data module's views; build the probe from its classes/task if needed."""
