@@ -18,10 +18,14 @@ own classes: ``--model my_project.MyCLOC``.
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import sys
 from typing import Any
 
+import torch
+import yaml
 from lightning.pytorch.cli import LightningCLI
 
 import cloc_lightning.data  # noqa: F401  (registers the data modules)
@@ -44,14 +48,20 @@ EXTRA_COMMANDS: dict[str, Any] = {}
 
 
 def _probe_command(argv: list[str]) -> None:
-    """``cloc-lightning probe``: offline scikit-learn probe of a checkpoint (:func:`cloc_lightning.probe.main`)."""
+    """Linear probe (scikit-learn) of a checkpoint's frozen encoder on a data module.
+
+    ``cloc-lightning probe``, see :func:`cloc_lightning.probe.main`.
+    """
     from cloc_lightning.probe import main as probe_main
 
     probe_main(argv)
 
 
 def _export_prototypes_command(argv: list[str]) -> None:
-    """``cloc-lightning export-prototypes CKPT OUT``: OrdinalCLIP checkpoint -> prototype classifier file."""
+    """OrdinalCLIP checkpoint -> prototype classifier file (export-prototypes CKPT OUT).
+
+    ``cloc-lightning export-prototypes``, see :func:`cloc_lightning.methods.ordinal_clip.export_prototypes_main`.
+    """
     from cloc_lightning.methods.ordinal_clip import export_prototypes_main
 
     export_prototypes_main(argv)
@@ -62,7 +72,14 @@ EXTRA_COMMANDS["export-prototypes"] = _export_prototypes_command
 
 
 class CLOCLightningCLI(LightningCLI):
-    """LightningCLI with ``test_after_fit`` and a prediction writer for ``predict``."""
+    """LightningCLI with ``test_after_fit``, exact ``--ckpt_path last`` resume into the same run folder,
+    checkpoint/config checks, a prediction writer for ``predict`` and the extra sub-commands in ``--help``."""
+
+    def __init__(self, *pos: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args")
+        #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
+        self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
+        super().__init__(*pos, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument(
@@ -72,17 +89,78 @@ class CLOCLightningCLI(LightningCLI):
             help="After fit, run test on the best checkpoint (or the final weights without one) and print the metrics.",
         )
 
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        extra = "\n".join(f"  {name:<18} {_first_line(fn)}" for name, fn in EXTRA_COMMANDS.items())
+        self.parser.epilog = (
+            f"other commands (not LightningCLI sub-commands; each has its own --help):\n{extra}\n\n"
+            "--debug (anywhere on the command line) shows full tracebacks instead of the short error message."
+        )
+        self.parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
     def _cfg(self) -> Any:
         return self.config[self.subcommand] if self.subcommand else self.config
+
+    # ------------------------------------------------------------------ parsing
+    def _parse_ckpt_path(self) -> None:
+        """Refuse a ``--ckpt_path`` of another module class or backbone before Lightning adopts its hyper-parameters.
+
+        Lightning's CLI replaces the configured model by the one recorded in the checkpoint,
+        so a checkpoint of another method would silently be tested/resumed instead of the
+        configured one.
+        """
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt_path and os.path.isfile(ckpt_path):
+            check_config_against_checkpoint(self.config[sub].get("model"), ckpt_path)
+        super()._parse_ckpt_path()
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand:
+            _integer_batch_limits(self.config[self.subcommand], self._raw_args)
+
+    # ------------------------------------------------------------------ subcommands
+    def _resolve_ckpt_path(self) -> None:
+        """``--ckpt_path last`` -> the run's newest ``last*.ckpt``; a resumed fit logs into the checkpoint's run folder."""
+        cfg = self.config_init[self.subcommand]
+        path = cfg.get("ckpt_path")
+        if path == "last":
+            path = find_last_checkpoint(self.trainer)
+            if path is None:
+                _print0(self.trainer, "--ckpt_path last: no last checkpoint found for this run; training starts from scratch")
+            cfg["ckpt_path"] = path
+        if path and os.path.isfile(path):
+            version = _version_folder_of(self.trainer, path)
+            if version is not None:
+                _pin_logger_version(self.trainer, version)
+            if self.subcommand == "fit":
+                info = _checkpoint_position(path)
+                _print0(self.trainer, f"--ckpt_path: resuming from {path} ({info}); logging into {version or 'a new run folder'}")
+        _pin_logger_version(self.trainer, None)  # fix the folder now: ddp_spawn workers and the main process agree
+
+    def before_fit(self) -> None:
+        self._resolve_ckpt_path()
+
+    def before_validate(self) -> None:
+        self._resolve_ckpt_path()
+
+    def before_test(self) -> None:
+        self._resolve_ckpt_path()
+
+    def before_predict(self) -> None:
+        self._resolve_ckpt_path()
+        if not any(isinstance(cb, PredictionWriter) for cb in self.trainer.callbacks):
+            self.trainer.callbacks.append(PredictionWriter())
 
     def after_fit(self) -> None:
         trainer = self.trainer
         ckpt = trainer.checkpoint_callback
         best = getattr(ckpt, "best_model_path", "") if ckpt is not None else ""
         if self._cfg().get("test_after_fit", False) and not trainer.interrupted:
-            ckpt_path = best if best and os.path.isfile(best) else None
-            if ckpt_path is None and trainer.is_global_zero:
-                print("test_after_fit: no best checkpoint was saved; testing the final weights")
+            # decided on rank 0 and broadcast: every rank must test the same weights (another node may not see the file)
+            ckpt_path = trainer.strategy.broadcast(best if best and os.path.isfile(best) else None)
+            if ckpt_path is None:
+                _print0(trainer, "test_after_fit: no best checkpoint was saved; testing the final weights")
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
         log_dir = trainer.log_dir  # a broadcast under DDP: every rank must read it, not rank 0 alone
         if trainer.is_global_zero:
@@ -91,22 +169,133 @@ class CLOCLightningCLI(LightningCLI):
             if best:
                 print(f"best checkpoint: {best}")
 
-    def before_fit(self) -> None:
-        """``--ckpt_path last``: the newest ``last*.ckpt`` of this run's earlier versions (see :func:`find_last_checkpoint`)."""
-        cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
-        if cfg.get("ckpt_path") != "last":
-            return
-        path = find_last_checkpoint(self.trainer)
-        if self.trainer.is_global_zero:
-            if path is None:
-                print("--ckpt_path last: no last checkpoint found for this run; training starts from scratch")
-            else:
-                print(f"--ckpt_path last: resuming from {path}")
-        cfg["ckpt_path"] = path
 
-    def before_predict(self) -> None:
-        if not any(isinstance(cb, PredictionWriter) for cb in self.trainer.callbacks):
-            self.trainer.callbacks.append(PredictionWriter())
+def _first_line(fn: Any) -> str:
+    doc = (getattr(fn, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def _print0(trainer: Any, message: str) -> None:
+    """Print on global rank 0 only (no collective)."""
+    if trainer.is_global_zero:
+        print(message, flush=True)
+
+
+def _checkpoint_position(path: str) -> str:
+    """``epoch E, global step S`` of a checkpoint (the epoch it continues with, as Lightning counts)."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    epoch, step = ckpt.get("epoch"), ckpt.get("global_step")
+    try:
+        progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"]
+        done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"])
+    except (KeyError, TypeError):
+        return f"epoch {epoch}, global step {step}"
+    where = f"after epoch {done - 1}" if done and done > (epoch or 0) else f"epoch {epoch}, batch {progress}"
+    return f"{where}, global step {step}; training continues from there"
+
+
+def _version_folder_of(trainer: Any, ckpt_path: str) -> str | None:
+    """The logger version folder a checkpoint lives in (``<save_dir>/<name>/<version>/checkpoints/x.ckpt``), if it is this logger's."""
+    logger = trainer.logger
+    if logger is None or not hasattr(logger, "root_dir"):
+        return None
+    folder = os.path.dirname(os.path.abspath(ckpt_path))
+    if os.path.basename(folder) != "checkpoints":
+        return None
+    run = os.path.dirname(folder)
+    if os.path.abspath(os.path.dirname(run)) != os.path.abspath(str(logger.root_dir)):
+        return None
+    return os.path.basename(run)
+
+
+def _pin_logger_version(trainer: Any, version: str | None) -> None:
+    """Set (``version``) or fix (``None``: compute it now) the version folder of every logger that has one.
+
+    A resumed fit writes into the checkpoint's run folder, so ``best`` is the best over the
+    whole run.  Fixing the version before the strategy launches processes makes the main
+    process of ``ddp_spawn`` name the folder its workers wrote (computed later, it would name
+    the next, empty one).  Only loggers whose version was not configured are changed.
+    """
+    for logger in trainer.loggers:
+        if not hasattr(logger, "_version"):
+            continue
+        if version is not None and getattr(logger, "_experiment", None) is None:
+            logger._version = version
+        else:
+            _ = logger.version  # computes and stores the next free version
+
+
+def _integer_batch_limits(cfg: Any, raw_args: list[str]) -> None:
+    """``--trainer.limit_train_batches 1`` means one batch, as in Lightning's ``Trainer(limit_train_batches=1)``.
+
+    jsonargparse reads ``int | float`` arguments as floats (``1`` -> ``1.0`` = 100 % of the
+    batches).  An integer written on the command line or in a YAML config stays an integer
+    (a number of batches); ``1.0`` / ``0.25`` stay fractions.
+    """
+    trainer = cfg.get("trainer")
+    if trainer is None:
+        return
+    raw = _raw_trainer_values(cfg, raw_args)
+    for key in _BATCH_LIMITS:
+        value = trainer.get(key)
+        if isinstance(value, float) and isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool):
+            trainer[key] = int(raw[key])
+
+
+_BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+                 "overfit_batches", "val_check_interval")
+
+
+def _raw_trainer_values(cfg: Any, raw_args: list[str]) -> dict[str, Any]:
+    """The last value given for each batch-limit key, as written: YAML values, then command-line strings."""
+    found: dict[str, Any] = {}
+    for path in cfg.get("config") or []:
+        try:
+            text = path.get_content() if hasattr(path, "get_content") else open(str(path)).read()
+            data = yaml.safe_load(text) or {}
+        except (OSError, TypeError, ValueError, yaml.YAMLError):
+            continue
+        trainer = data.get("trainer") if isinstance(data, dict) else None
+        if isinstance(trainer, dict):
+            found.update({k: trainer[k] for k in _BATCH_LIMITS if k in trainer})
+    for i, arg in enumerate(raw_args):
+        for key in _BATCH_LIMITS:
+            flag = f"--trainer.{key}"
+            if arg == flag and i + 1 < len(raw_args):
+                text = raw_args[i + 1]
+            elif arg.startswith(flag + "="):
+                text = arg.split("=", 1)[1]
+            else:
+                continue
+            found[key] = int(text) if text.strip().isdigit() else text
+    return found
+
+
+def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
+    """Raise :class:`~cloc_lightning.checkpoints.CheckpointMismatchError` when ``ckpt_path`` was written by another
+    module class or backbone than the configured ``model`` (``class_path`` + ``init_args``)."""
+    import importlib
+
+    from cloc_lightning.checkpoints import CheckpointMismatchError, checkpoint_mismatch
+
+    if model_cfg is None or not model_cfg.get("class_path"):
+        return
+    class_path = str(model_cfg["class_path"])
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError):
+        return  # jsonargparse has already reported unknown classes
+    init_args = model_cfg.get("init_args")
+    hparams = dict(init_args.as_dict() if hasattr(init_args, "as_dict") else (init_args or {}))
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    why = checkpoint_mismatch(cls, hparams, ckpt)
+    if why is not None:
+        raise CheckpointMismatchError(
+            f"--ckpt_path {ckpt_path}: {why}. Use the config the checkpoint was trained with (saved as config.yaml "
+            "in its run folder), pass a checkpoint of the configured model, or take its matching weights with "
+            "--model.init_args.init_from <ckpt> instead."
+        )
 
 
 def find_last_checkpoint(trainer: Any) -> str | None:
@@ -139,19 +328,82 @@ def find_last_checkpoint(trainer: Any) -> str | None:
     return max(candidates, key=os.path.getmtime) if candidates else None
 
 
+class _DropLightningTips(logging.Filter):
+    """Drop Lightning's advertising tips (litlogger / litmodels) from the command's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "💡 Tip" not in str(record.getMessage())
+
+
+def _quiet_lightning_tips() -> None:
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropLightningTips) for f in logger.filters):
+            logger.addFilter(_DropLightningTips())
+
+
+#: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
+_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, FloatingPointError, RuntimeError, ImportError)
+
+
+def library_error(exc: BaseException) -> BaseException | None:
+    """The exception raised by cloc_lightning itself somewhere in ``exc``'s cause/context chain, if any.
+
+    jsonargparse re-raises a constructor's ``ValueError`` as "Does not validate against any of
+    the Union subtypes" with a Namespace dump; the library's own message is its cause.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = None
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, _USER_ERRORS) and _raised_in_package(cur):
+            found = cur
+        cur = cur.__cause__ or cur.__context__
+    return found
+
+
+def _raised_in_package(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    filename = last.tb_frame.f_code.co_filename
+    return os.path.dirname(os.path.abspath(__file__)) in os.path.abspath(filename)
+
+
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``cloc-lightning`` and ``python -m cloc_lightning``."""
+    """Entry point of ``cloc-lightning`` and ``python -m cloc_lightning``.
+
+    Errors that the library raises with a message naming the fix are printed as one short
+    ``error:`` line (exit code 1); ``--debug`` anywhere on the command line (or
+    ``CLOC_LIGHTNING_DEBUG=1``) shows the full traceback instead.
+    """
     argv = sys.argv[1:] if args is None else list(args)
+    debug = "--debug" in argv or os.environ.get("CLOC_LIGHTNING_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     if argv and argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
-    CLOCLightningCLI(
-        BaseModule,
-        BaseDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults=TRAINER_DEFAULTS,
-        save_config_kwargs={"overwrite": True},
-        args=None if args is None else argv,
-    )
-
+    _quiet_lightning_tips()
+    try:
+        if args is None:  # console use: LightningCLI reads sys.argv (warns when given both)
+            sys.argv = sys.argv[:1] + argv
+        CLOCLightningCLI(
+            BaseModule,
+            BaseDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            trainer_defaults=TRAINER_DEFAULTS,
+            save_config_kwargs={"overwrite": True},
+            args=None if args is None else argv,
+        )
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is the library's own message
+        err = None if debug else library_error(e)
+        if err is None:
+            raise
+        print(f"cloc-lightning: error: {err}\n(--debug shows the traceback)", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None

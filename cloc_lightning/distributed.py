@@ -41,6 +41,8 @@ __all__ = [
     "global_mean",
     "all_reduce_sum",
     "local_offset",
+    "broadcast_",
+    "all_reduce_mean_",
 ]
 
 
@@ -147,3 +149,32 @@ def global_mean(per_anchor: torch.Tensor) -> torch.Tensor:
         torch.tensor(float(per_anchor.numel()), device=per_anchor.device, dtype=per_anchor.dtype)
     )
     return per_anchor.sum() * (world_size() / n_global)
+
+
+@torch.no_grad()
+def broadcast_(tensors: list[torch.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` in place with rank ``src``'s values (a no-op on one process).
+
+    For state that DDP does not synchronise itself (parameters kept out of its reducer,
+    such as CLOC's margins, see :class:`~cloc_lightning.methods.cloc.CLOCModule`).  Every
+    rank must call it with tensors of the same shapes, in the same order.
+    """
+    if not is_distributed():
+        return
+    for t in tensors:
+        dist.broadcast(t.data, src=src)
+
+
+@torch.no_grad()
+def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
+    """Replace each tensor, in place, by its mean over ranks (a no-op on one process).
+
+    What DDP does to the gradients of the parameters in its reducer; used for gradients
+    of parameters kept out of it.  Every rank must call it with the same shapes, in order.
+    """
+    if not is_distributed():
+        return
+    n = world_size()
+    for t in tensors:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t.div_(n)

@@ -9,22 +9,11 @@ import lightning as L
 import numpy as np
 import yaml
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 
+from cloc_lightning.callbacks._util import run_dir, tensorboard
 from cloc_lightning.plots import margin_figure, save_figure
 
 __all__ = ["CLOCMarginFreeze", "CLOCMarginPlot"]
-
-
-def _run_dir(trainer: L.Trainer) -> str:
-    return trainer.log_dir or trainer.default_root_dir
-
-
-def _tb(trainer: L.Trainer) -> Any:
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            return logger.experiment
-    return None
 
 
 class CLOCMarginFreeze(Callback):
@@ -61,7 +50,7 @@ class CLOCMarginFreeze(Callback):
 
     def write(self, trainer: L.Trainer, pl_module: Any, learnable_map: list[list[Any]], phase_one_done: bool) -> str:
         """Write the margins YAML; return its path."""
-        path = os.path.join(_run_dir(trainer), self.filename)
+        path = os.path.join(run_dir(trainer), self.filename)
         payload = {
             "learnable_map": learnable_map,
             "margin_mode": pl_module.hparams.margin_mode,
@@ -76,7 +65,7 @@ class CLOCMarginFreeze(Callback):
             with open(path, "w") as f:
                 f.write("# CLOC margins at the end of phase one; use with --model.learnable_map <this file>\n")
                 yaml.safe_dump(payload, f, sort_keys=False)
-            tb = _tb(trainer)
+            tb = tensorboard(trainer)
             if tb is not None:
                 tb.add_text("cloc/learnable_map", "    " + yaml.safe_dump(learnable_map).replace("\n", "\n    "), trainer.global_step)
             print(f"CLOC margins ({'frozen' if phase_one_done else 'final'}) written to {path}: {learnable_map}")
@@ -142,13 +131,14 @@ class CLOCMarginPlot(Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._record(trainer.global_step, pl_module)
+        folder = run_dir(trainer)  # a collective under DDP: read on every rank, before the rank-0 branch
         if not trainer.is_global_zero or len(self.steps) < 2:
             return
         fig = margin_figure(self.steps, np.asarray(self.values), pl_module.cloc_loss.margin_names(), self.frozen_step)  # type: ignore[union-attr]
-        tb = _tb(trainer)
+        tb = tensorboard(trainer)
         if tb is not None:
             tb.add_figure("cloc/margins", fig, trainer.global_step, close=False)
-        self.path = os.path.join(_run_dir(trainer), self.filename)
+        self.path = os.path.join(folder, self.filename)
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         save_figure(fig, self.path)
         print(f"CLOC margin plot written to {self.path}")

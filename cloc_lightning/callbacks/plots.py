@@ -14,24 +14,17 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 
+from cloc_lightning.callbacks._util import run_dir, tensorboard
 from cloc_lightning.plots import confusion_figure, embedding_figure, save_figure
 
 __all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs"]
 
 
-def _tb(trainer: L.Trainer) -> Any:
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            return logger.experiment
-    return None
-
-
-def _write(trainer: L.Trainer, fig: Any, filename: str, tag: str) -> str:
-    path = os.path.join(trainer.log_dir or trainer.default_root_dir, filename)
+def _write(trainer: L.Trainer, fig: Any, folder: str, filename: str, tag: str) -> str:
+    path = os.path.join(folder, filename)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tb = _tb(trainer)
+    tb = tensorboard(trainer)
     if tb is not None:
         tb.add_figure(tag, fig, trainer.global_step, close=False)
     save_figure(fig, path)
@@ -104,13 +97,14 @@ class EmbeddingPlot(Callback):
         self.path: str | None = None
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        folder = run_dir(trainer)  # every rank (a collective under DDP)
         if not trainer.is_global_zero or trainer.datamodule is None:
             return
         feats, _, labels = collect_outputs(pl_module, trainer.datamodule.val_dataloader(), self.max_points, want_logits=False)
         names = getattr(trainer.datamodule, "class_names", None)
         title = f"{type(pl_module).__name__}: validation embedding ({self.method.upper()})"
         fig = embedding_figure(project_2d(feats, self.method), labels, names, title)
-        self.path = _write(trainer, fig, f"embedding_{self.method}.png", "plots/embedding")
+        self.path = _write(trainer, fig, folder, f"embedding_{self.method}.png", "plots/embedding")
 
 
 class ConfusionMatrixPlot(Callback):
@@ -122,6 +116,7 @@ class ConfusionMatrixPlot(Callback):
         self.paths: dict[str, str] = {}
 
     def _plot(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        folder = run_dir(trainer)  # every rank (a collective under DDP)
         if not trainer.is_global_zero or trainer.datamodule is None:
             return
         loader = trainer.datamodule.val_dataloader() if stage == "val" else trainer.datamodule.test_dataloader()
@@ -133,7 +128,7 @@ class ConfusionMatrixPlot(Callback):
         np.add.at(cm, (labels, logits.argmax(1)), 1)
         names = getattr(trainer.datamodule, "class_names", None)
         fig = confusion_figure(cm, names, f"{type(pl_module).__name__}: {stage} confusion")
-        self.paths[stage] = _write(trainer, fig, f"confusion_{stage}.png", f"plots/confusion_{stage}")
+        self.paths[stage] = _write(trainer, fig, folder, f"confusion_{stage}.png", f"plots/confusion_{stage}")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._plot(trainer, pl_module, "val")

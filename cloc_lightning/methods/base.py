@@ -211,13 +211,23 @@ class BaseModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_callbacks(self) -> list[Callback]:
-        """Best-``monitor`` checkpointing (+ ``last.ckpt``), LR logging and RNG state in checkpoints.
+        """Best-``monitor`` checkpoint, ``last.ckpt`` of every epoch, LR logging, RNG state in checkpoints.
 
-        The best-checkpoint callback replaces Lightning's default ``ModelCheckpoint()`` only:
-        a ``ModelCheckpoint`` that you configure (monitored or not, e.g. every N steps) is kept
-        as it is (Lightning would drop it for one returned here, so none is returned then).
+        * With no ``ModelCheckpoint`` configured (only Lightning's default one), a
+          ``ModelCheckpoint(monitor=self.monitor)`` keeps the best epoch and a
+          :class:`~cloc_lightning.callbacks.LatestCheckpoint` rewrites ``last.ckpt`` after every
+          epoch, improved or not.
+        * A ``ModelCheckpoint`` that you configure is kept as it is.  If it ties ``save_last`` to
+          a monitored metric (Lightning then rewrites ``last.ckpt`` only when the metric
+          improves), its ``save_last`` is switched off and a ``LatestCheckpoint`` in the same
+          folder writes ``last.ckpt`` every epoch instead (a message says so).
+
+        Checkpoint callbacks are put on the trainer directly rather than returned: Lightning
+        drops every trainer callback of a type that ``configure_callbacks`` returns, which would
+        discard checkpoints you configured (and print a misleading "will override" notice).
         :class:`~cloc_lightning.callbacks.resume.ResumeState` makes resumed fits exact.
         """
+        from cloc_lightning.callbacks.checkpoint import LatestCheckpoint
         from cloc_lightning.callbacks.resume import ResumeState
 
         callbacks: list[Callback] = []
@@ -225,16 +235,35 @@ class BaseModule(L.LightningModule):
         if trainer is None:
             return callbacks
         existing = trainer.checkpoint_callbacks
-        if existing and all(_is_default_checkpoint(cb) for cb in existing):
-            callbacks.append(
-                ModelCheckpoint(
-                    monitor=self.monitor,
-                    mode=self.monitor_mode,
-                    save_last=True,
-                    filename="best-{epoch:03d}-{step}",
-                    auto_insert_metric_name=False,
+        if existing:  # checkpointing is enabled
+            added: list[Callback] = []
+            if all(_is_default_checkpoint(cb) for cb in existing):
+                trainer.callbacks = [cb for cb in trainer.callbacks if not _is_default_checkpoint(cb)]
+                added.append(
+                    ModelCheckpoint(
+                        monitor=self.monitor,
+                        mode=self.monitor_mode,
+                        filename="best-{epoch:03d}-{step}",
+                        auto_insert_metric_name=False,
+                    )
                 )
-            )
+            latest = [cb for cb in trainer.callbacks if isinstance(cb, LatestCheckpoint)]
+            if not latest:
+                tied = [cb for cb in trainer.checkpoint_callbacks if cb.save_last is True and cb.monitor is not None]
+                for cb in tied:
+                    cb.save_last = False
+                    if trainer.is_global_zero:
+                        print(
+                            f"ModelCheckpoint(monitor={cb.monitor!r}, save_last=True) would rewrite last.ckpt only "
+                            "when the metric improves; a LatestCheckpoint writes it after every epoch instead"
+                        )
+                configured_last = any(cb.save_last for cb in trainer.checkpoint_callbacks)
+                if not configured_last or tied:
+                    dirpath = tied[0].dirpath if tied else None
+                    added.append(LatestCheckpoint(dirpath=dirpath))
+            if added:
+                # checkpoints run after every other callback (Lightning's own ordering)
+                trainer.callbacks = [*trainer.callbacks, *added]
         if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
         if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
@@ -287,6 +316,25 @@ class BaseModule(L.LightningModule):
             "are a known source (use --trainer.precision 32-true, or larger crops); otherwise lower the learning "
             "rate or clip gradients. --model.check_finite_loss false turns this check off."
         )
+
+    # ---------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the module class and encoder architecture (:mod:`cloc_lightning.checkpoints`).
+
+        Subclasses that override this hook call ``super().on_save_checkpoint(checkpoint)``.
+        """
+        from cloc_lightning.checkpoints import MODULE_META_KEY, module_record
+
+        checkpoint[MODULE_META_KEY] = module_record(self)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another module class or encoder, naming both (before any weight is loaded).
+
+        Subclasses that override this hook call ``super().on_load_checkpoint(checkpoint)``.
+        """
+        from cloc_lightning.checkpoints import check_checkpoint
+
+        check_checkpoint(self, checkpoint)
 
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
@@ -428,13 +476,25 @@ class ClassifierModule(BaseModule):
         """Metrics logged as ``<prefix><name>`` (see :mod:`cloc_lightning.metrics`)."""
         return build_metrics(task, self.num_classes, prefix)
 
+    def resolved_task(self) -> Literal["ordinal", "nominal"]:
+        """``task``, or with ``task='auto'`` the attached data module's ``task`` (``ordinal`` without one).
+
+        Known before ``setup``: the checkpoint callback that monitors ``val/acc`` (nominal) or
+        ``val/mae`` (ordinal) is built from it.
+        """
+        if self.task != "auto":
+            return self.task  # type: ignore[return-value]
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        task = getattr(dm, "task", "ordinal")
+        return "nominal" if task == "nominal" else "ordinal"
+
     @property
     def monitor(self) -> str:  # type: ignore[override]
-        return "val/acc" if self.task == "nominal" else "val/mae"
+        return "val/acc" if self.resolved_task() == "nominal" else "val/mae"
 
     @property
     def monitor_mode(self) -> Literal["min", "max"]:  # type: ignore[override]
-        return "max" if self.task == "nominal" else "min"
+        return "max" if self.resolved_task() == "nominal" else "min"
 
     # ---------------------------------------------------------------- lifecycle
     def _make_metrics(self, task: Literal["ordinal", "nominal"]) -> None:
@@ -453,8 +513,7 @@ class ClassifierModule(BaseModule):
                     f"({getattr(dm, 'class_names', [])[:10]}); set --model.init_args.num_classes {n}"
                 )
         if self.val_metrics is None:
-            task = getattr(dm, "task", "ordinal") if self.task == "auto" else self.task
-            self._make_metrics(task)
+            self._make_metrics(self.resolved_task())
             self.val_metrics.to(self.device)  # type: ignore[union-attr]
             self.test_metrics.to(self.device)  # type: ignore[union-attr]
 

@@ -26,6 +26,7 @@ import yaml
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
+from cloc_lightning import distributed as dist_utils
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.methods.base import ClassifierModule
 from cloc_lightning.nn.heads import MLPHead
@@ -126,6 +127,11 @@ class CLOCModule(ClassifierModule):
         self.projector = self.build_projector()
         self.cloc_loss = self.build_loss()
         self.margins_frozen = False
+        # The margins stay out of DDP's reducer: freezing them mid-fit (phase two) would otherwise
+        # leave parameters the reducer waits for ("parameters that were not used in producing the
+        # loss") under plain ``strategy: ddp``.  Their gradients are averaged over ranks in
+        # :meth:`on_after_backward` and their values broadcast from rank 0 in :meth:`on_fit_start`.
+        self._ddp_params_and_buffers_to_ignore = self._margin_state_names()
 
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
@@ -145,6 +151,12 @@ class CLOCModule(ClassifierModule):
             reduction=h.reduction,
             gather_distributed=h.gather_distributed,
         )
+
+    def _margin_state_names(self) -> list[str]:
+        """Fully qualified names of the CLOC criterion's parameters and buffers (kept out of DDP)."""
+        prefix = "cloc_loss."
+        named = list(self.cloc_loss.named_parameters()) + list(self.cloc_loss.named_buffers())
+        return [prefix + name for name, _ in named]
 
     def margin_parameters(self) -> list[nn.Parameter]:
         """The trainable raw margins (empty when all are fixed or frozen)."""
@@ -180,6 +192,7 @@ class CLOCModule(ClassifierModule):
         return self.cloc_loss.to_learnable_map("fixed")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["cloc"] = {
             "margins_frozen": self.margins_frozen,
             "learnable_map": self.cloc_loss.to_learnable_map("fixed" if self.margins_frozen else "learnable"),
@@ -187,6 +200,7 @@ class CLOCModule(ClassifierModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         if checkpoint.get("cloc", {}).get("margins_frozen"):
             for p in self.cloc_loss.parameters():
                 p.requires_grad_(False)
@@ -203,10 +217,27 @@ class CLOCModule(ClassifierModule):
 
     # ------------------------------------------------------------------- steps
     def on_fit_start(self) -> None:
+        # every rank starts from rank 0's margins (DDP does not broadcast what it ignores)
+        dist_utils.broadcast_([*self.cloc_loss.parameters(), *self.cloc_loss.buffers()])
         logger = self.logger
         if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
             tags = [f"margins/{n}" for n in self.cloc_loss.logged_names()]
             logger.experiment.add_custom_scalars({"Class Distances": {"margins": ["Multiline", tags]}})
+
+    def on_after_backward(self) -> None:
+        """Average the learnable margins' gradients over ranks (what DDP does for the other parameters).
+
+        Runs after every backward pass (also with gradient accumulation: the mean is linear).
+        A rank whose loss did not touch a margin contributes a zero gradient, so every rank
+        joins the same collectives.
+        """
+        if not dist_utils.is_distributed():
+            return
+        params = [p for p in self.cloc_loss.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        dist_utils.all_reduce_mean_([p.grad for p in params])
 
     def cloc_embedding(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """What the CLOC loss sees: the logits, or the (projected) features."""

@@ -179,6 +179,7 @@ class LinearProbeModule(ClassifierModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the encoder's architecture, so this checkpoint can itself be probed (``cloc-lightning probe``)."""
+        super().on_save_checkpoint(checkpoint)
         meta = encoder_metadata(self)
         meta.update({k: self._encoder_info.get(k) for k in ("backbone", "cifar_stem", "backbone_kwargs")})
         checkpoint[ENCODER_META_KEY] = meta

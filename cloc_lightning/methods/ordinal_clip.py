@@ -555,6 +555,7 @@ class OrdinalCLIPModule(ClassifierModule):
         """Record the class, so :mod:`cloc_lightning.probe` finds :meth:`encoder_state_dict`."""
         from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
 
+        super().on_save_checkpoint(checkpoint)
         checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
 
     @classmethod

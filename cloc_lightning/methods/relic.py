@@ -632,10 +632,12 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
         self._target_after_step(self._pending_step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Forget the kNN bank: its features belong to the weights before the load."""
+        super().on_load_checkpoint(checkpoint)
         self._knn_features = self._knn_labels = None
 
     # ---------------------------------------------------------------- steps

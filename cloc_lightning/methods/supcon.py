@@ -221,6 +221,7 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
             self.hparams["task"] = task
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
 
     # ------------------------------------------------------------------ views
