@@ -115,15 +115,15 @@ class CLOCLightningCLI(LightningCLI):
             check_config_against_checkpoint(self.config[sub].get("model"), ckpt_path)
         super()._parse_ckpt_path()
 
-    def before_instantiate_classes(self) -> None:
-        if self.subcommand:
-            _integer_batch_limits(self.config[self.subcommand], self._raw_args)
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        return super().instantiate_trainer(**{**_integer_batch_limits(cfg, self._raw_args), **kwargs})
 
     # ------------------------------------------------------------------ subcommands
     def _resolve_ckpt_path(self) -> None:
         """``--ckpt_path last`` -> the run's newest ``last*.ckpt``; a resumed fit logs into the checkpoint's run folder."""
         cfg = self.config_init[self.subcommand]
-        path = cfg.get("ckpt_path")
+        given = path = cfg.get("ckpt_path")
         if path == "last":
             path = find_last_checkpoint(self.trainer)
             if path is None:
@@ -135,7 +135,8 @@ class CLOCLightningCLI(LightningCLI):
                 _pin_logger_version(self.trainer, version)
             if self.subcommand == "fit":
                 info = _checkpoint_position(path)
-                _print0(self.trainer, f"--ckpt_path: resuming from {path} ({info}); logging into {version or 'a new run folder'}")
+                folder = f"its run folder {version}" if version else "a new run folder (the checkpoint is not in this logger's folders)"
+                _print0(self.trainer, f"--ckpt_path {given}: resuming from {path} ({info}); logging into {folder}")
         _pin_logger_version(self.trainer, None)  # fix the folder now: ddp_spawn workers and the main process agree
 
     def before_fit(self) -> None:
@@ -225,25 +226,26 @@ def _pin_logger_version(trainer: Any, version: str | None) -> None:
             _ = logger.version  # computes and stores the next free version
 
 
-def _integer_batch_limits(cfg: Any, raw_args: list[str]) -> None:
-    """``--trainer.limit_train_batches 1`` means one batch, as in Lightning's ``Trainer(limit_train_batches=1)``.
+def _integer_batch_limits(cfg: Any, raw_args: list[str]) -> dict[str, int]:
+    """The Trainer arguments to pass as integers: ``--trainer.limit_train_batches 1`` means one batch, as in
+    Lightning's ``Trainer(limit_train_batches=1)``.
 
     jsonargparse reads ``int | float`` arguments as floats (``1`` -> ``1.0`` = 100 % of the
     batches).  An integer written on the command line or in a YAML config stays an integer
     (a number of batches); ``1.0`` / ``0.25`` stay fractions.
     """
-    trainer = cfg.get("trainer")
-    if trainer is None:
-        return
     raw = _raw_trainer_values(cfg, raw_args)
+    trainer = cfg.get("trainer") or {}
+    fixed: dict[str, int] = {}
     for key in _BATCH_LIMITS:
-        value = trainer.get(key)
-        if isinstance(value, float) and isinstance(raw.get(key), int) and not isinstance(raw.get(key), bool):
-            trainer[key] = int(raw[key])
+        value, given = trainer.get(key), raw.get(key)
+        if isinstance(value, float) and isinstance(given, int) and not isinstance(given, bool) and value == given:
+            fixed[key] = int(given)
+    return fixed
 
 
 _BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                 "overfit_batches", "val_check_interval")
+                 "val_check_interval")
 
 
 def _raw_trainer_values(cfg: Any, raw_args: list[str]) -> dict[str, Any]:

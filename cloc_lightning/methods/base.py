@@ -270,6 +270,22 @@ class BaseModule(L.LightningModule):
             callbacks.append(ResumeState())
         return callbacks
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Stop with a message naming the fix when a 1-sample batch would reach BatchNorm layers in training mode.
+
+        (PyTorch's own error, "Expected more than 1 value per channel when training", names
+        neither the batch size nor ``drop_last``.)  Checked only when the batch has one sample.
+        """
+        labels = batch[-1] if isinstance(batch, (list, tuple)) and batch else None
+        if not isinstance(labels, torch.Tensor) or labels.ndim == 0 or labels.shape[0] != 1:
+            return
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in self.modules()):
+            raise ValueError(
+                f"{type(self).__name__}: training batch {batch_idx} of epoch {self.current_epoch} has 1 sample, but "
+                "BatchNorm layers need at least 2 samples per batch in training. Set data.batch_size >= 2 (it is "
+                "per process under DDP) and keep data.drop_last: true, so that a last batch of 1 sample is dropped."
+            )
+
     def on_before_backward(self, loss: torch.Tensor) -> None:
         """Stop with an error naming the fixes when the training loss is NaN/inf (``check_finite_loss``).
 

@@ -216,6 +216,14 @@ class CLOCModule(ClassifierModule):
         return callbacks
 
     # ------------------------------------------------------------------- steps
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self.resolved_task() == "nominal" and self._trainer is not None and self.trainer.is_global_zero:
+            print(
+                f"{type(self).__name__}: the data module's classes are nominal (task: nominal); CLOC's margins assume "
+                "ordered classes (class i next to i+1). Metrics and checkpoints follow the nominal task (val/acc)."
+            )
+
     def on_fit_start(self) -> None:
         # every rank starts from rank 0's margins (DDP does not broadcast what it ignores)
         dist_utils.broadcast_([*self.cloc_loss.parameters(), *self.cloc_loss.buffers()])

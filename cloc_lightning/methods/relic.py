@@ -844,7 +844,7 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
             x = views[0]
         features = self.extract_features(x)
         if self.probe is not None:
-            self.log_dict(self.probe.eval_step(features, y, stage), on_step=False, on_epoch=True, batch_size=bsz)
+            self.log_dict(self.probe.eval_step(features, y, stage), on_step=False, on_epoch=True, sync_dist=True, batch_size=bsz)
         knn = self._knn_accuracy(features, y) if stage == "val" else None
         if knn is not None:
             self.log(f"{stage}/knn/acc", knn, on_step=False, on_epoch=True, sync_dist=True, batch_size=int((y >= 0).sum()))

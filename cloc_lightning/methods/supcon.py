@@ -293,4 +293,4 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         else:
             feats = self.backbone(x)
         if self.probe is not None:
-            self.log_dict(self.probe.eval_step(feats, y, stage), on_step=False, on_epoch=True, batch_size=bsz)
+            self.log_dict(self.probe.eval_step(feats, y, stage), on_step=False, on_epoch=True, sync_dist=True, batch_size=bsz)
