@@ -1,8 +1,8 @@
 """Callbacks: CLOC margin freezing and plots, embedding / confusion plots, prediction writer, latest checkpoint."""
 
-from cloc_lightning.callbacks.checkpoint import LatestCheckpoint
+from cloc_lightning.callbacks.checkpoint import BestCheckpoint, LatestCheckpoint
 from cloc_lightning.callbacks.cloc import CLOCMarginFreeze, CLOCMarginPlot
 from cloc_lightning.callbacks.plots import ConfusionMatrixPlot, EmbeddingPlot
 from cloc_lightning.callbacks.predictions import PredictionWriter
 
-__all__ = ["LatestCheckpoint", "CLOCMarginFreeze", "CLOCMarginPlot", "ConfusionMatrixPlot", "EmbeddingPlot", "PredictionWriter"]
+__all__ = ["BestCheckpoint", "LatestCheckpoint", "CLOCMarginFreeze", "CLOCMarginPlot", "ConfusionMatrixPlot", "EmbeddingPlot", "PredictionWriter"]

@@ -4,9 +4,14 @@ Lightning (>= 2.5) writes ``last.ckpt`` of a ``ModelCheckpoint(monitor=..., save
 only when that callback also saved a top-k checkpoint, i.e. when the monitored metric
 improved: after epochs whose validation did not improve, ``last.ckpt`` still holds the
 last *improving* epoch, and ``--ckpt_path last`` silently re-runs the epochs after it.
-:class:`LatestCheckpoint` is a separate, unmonitored checkpoint that overwrites
-``last.ckpt`` at the end of every training epoch (after that epoch's validation), so a
-resumed fit always continues from where it stopped.
+
+* :class:`BestCheckpoint` -- the monitored checkpoint every module adds by default: the best
+  epoch, and ``last.ckpt`` rewritten at the end of every training epoch (after that epoch's
+  validation), improved or not.  ``trainer.checkpoint_callback.last_model_path`` is the last
+  epoch, ``best_model_path`` the best.
+* :class:`LatestCheckpoint` -- an unmonitored checkpoint that only overwrites ``last.ckpt``;
+  added next to a ``ModelCheckpoint(monitor=..., save_last=True)`` that you configure (whose
+  ``save_last`` is then switched off), or configure it yourself.
 """
 
 from __future__ import annotations
@@ -15,7 +20,26 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-__all__ = ["LatestCheckpoint"]
+__all__ = ["BestCheckpoint", "LatestCheckpoint"]
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` of the best ``monitor`` value whose ``last.ckpt`` is the last epoch, always.
+
+    Same arguments as ``ModelCheckpoint`` (``save_last`` defaults to ``True``).  At the end of
+    every training epoch, if this epoch did not already write ``last.ckpt`` (it does when the
+    metric improved), it is written now.
+    """
+
+    def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
+        super().__init__(*args, save_last=save_last, **kwargs)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if not self.save_last or trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
+            return
+        if self._last_global_step_saved != trainer.global_step or not self.last_model_path:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class LatestCheckpoint(ModelCheckpoint):
@@ -59,3 +83,8 @@ class LatestCheckpoint(ModelCheckpoint):
             **kwargs,
         )
 
+
+    @property
+    def path(self) -> str:
+        """The file last written (``''`` before the first save)."""
+        return self.best_model_path  # an unmonitored top-1 checkpoint: its "best" is the newest

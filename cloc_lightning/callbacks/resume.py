@@ -15,9 +15,13 @@ checkpoint and puts them back just before training resumes.  Every
 Together with the data modules' epoch-seeded, resumable training loader
 (:class:`~cloc_lightning.data.base.ResumableDataLoader`) this makes a fit killed at any
 step and resumed from its last checkpoint end with the same weights as an uninterrupted
-run (single process, ``num_workers: 0``; ``tests/test_reliability.py`` checks it).  With
-loader workers, augmentations run in the workers, whose seeds are fixed when they start,
-so only the data order is exact there.
+run, with or without loader workers: the training set seeds every sample's augmentation
+from ``(data seed, epoch, sample index)`` alone
+(:class:`~cloc_lightning.data.base.TransformedSubset`), so it does not matter which
+worker process draws a sample, how many there are, or when they were started
+(``tests/test_reliability.py`` checks it with ``num_workers: 0``,
+``tests/test_exact_resume_workers.py`` with 2 workers).  Custom transforms must draw from
+torch's generator (all torchvision v2 transforms do) for this to hold.
 """
 
 from __future__ import annotations

@@ -388,15 +388,22 @@ class _OrdinalContrastiveLossBase(nn.Module):
         values = self.margins().detach().cpu().tolist()
         return dict(zip(self.margin_names(), values))
 
-    def to_learnable_map(self, kind: MarginKind = "fixed") -> list[list[Any]]:
+    def margin_kinds(self) -> list[str]:
+        """Each margin's current kind: ``learnable`` (a trainable parameter) or ``fixed``."""
+        raise NotImplementedError
+
+    def to_learnable_map(self, kind: MarginKind | None = "fixed") -> list[list[Any]]:
         """The current margins as a ``learnable_map`` (plain Python, YAML-serialisable).
 
         ``kind='fixed'`` gives the map of CLOC's phase two (margins kept fixed);
-        ``kind='learnable'`` restarts learning from the current values.
+        ``kind='learnable'`` restarts learning from the current values; ``kind=None``
+        keeps each margin's current kind (:meth:`margin_kinds`).
         """
-        if kind not in _KINDS:
-            raise ValueError(f"kind must be 'fixed' or 'learnable', got {kind!r}")
-        return [[kind, float(v)] for v in self.margins().detach().cpu().tolist()]
+        if kind is not None and kind not in _KINDS:
+            raise ValueError(f"kind must be 'fixed' or 'learnable' (or None: each margin's current kind), got {kind!r}")
+        values = self.margins().detach().cpu().tolist()
+        kinds = self.margin_kinds() if kind is None else [kind] * len(values)
+        return [[k, float(v)] for k, v in zip(kinds, values)]
 
     # -- logging -----------------------------------------------------------
     def _layout(self) -> dict[str, dict[str, list[Any]]]:
@@ -605,6 +612,10 @@ class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # noqa: N801 - th
             self.to(device)
         self.set_writer(summaryWriter)
 
+    def margin_kinds(self) -> list[str]:
+        trainable = bool(self.learnables.requires_grad)
+        return ["learnable" if bool(m) and trainable else "fixed" for m in self.learnable_mask.tolist()]
+
     def _raw_margins(self) -> torch.Tensor:
         if self.learnable_index.numel() == 0:
             return self.fixed_raw
@@ -681,8 +692,12 @@ class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # noqa: N801 - th
     def margin_scalars(self) -> dict[str, float]:
         return {"Margin": float(F.softplus(self.distance.detach()).cpu()[0])}
 
-    def to_learnable_map(self, kind: MarginKind = "fixed") -> list[list[Any]]:
-        """The margin as a one-entry ``learnable_map`` (plain Python), e.g. ``[['fixed', 0.47]]``."""
-        if kind not in _KINDS:
-            raise ValueError(f"kind must be 'fixed' or 'learnable', got {kind!r}")
-        return [[kind, float(F.softplus(self.distance.detach()).cpu()[0])]]
+    def margin_kinds(self) -> list[str]:
+        return ["learnable" if self.learnable and self.distance.requires_grad else "fixed"]
+
+    def to_learnable_map(self, kind: MarginKind | None = "fixed") -> list[list[Any]]:
+        """The margin as a one-entry ``learnable_map`` (plain Python), e.g. ``[['fixed', 0.47]]``
+        (``kind=None``: its current kind)."""
+        if kind is not None and kind not in _KINDS:
+            raise ValueError(f"kind must be 'fixed' or 'learnable' (or None: each margin's current kind), got {kind!r}")
+        return [[kind or self.margin_kinds()[0], float(F.softplus(self.distance.detach()).cpu()[0])]]

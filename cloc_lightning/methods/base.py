@@ -214,9 +214,8 @@ class BaseModule(L.LightningModule):
         """Best-``monitor`` checkpoint, ``last.ckpt`` of every epoch, LR logging, RNG state in checkpoints.
 
         * With no ``ModelCheckpoint`` configured (only Lightning's default one), a
-          ``ModelCheckpoint(monitor=self.monitor)`` keeps the best epoch and a
-          :class:`~cloc_lightning.callbacks.LatestCheckpoint` rewrites ``last.ckpt`` after every
-          epoch, improved or not.
+          :class:`~cloc_lightning.callbacks.BestCheckpoint` keeps the best epoch by
+          ``self.monitor`` and rewrites ``last.ckpt`` after every epoch, improved or not.
         * A ``ModelCheckpoint`` that you configure is kept as it is.  If it ties ``save_last`` to
           a monitored metric (Lightning then rewrites ``last.ckpt`` only when the metric
           improves), its ``save_last`` is switched off and a ``LatestCheckpoint`` in the same
@@ -227,7 +226,7 @@ class BaseModule(L.LightningModule):
         discard checkpoints you configured (and print a misleading "will override" notice).
         :class:`~cloc_lightning.callbacks.resume.ResumeState` makes resumed fits exact.
         """
-        from cloc_lightning.callbacks.checkpoint import LatestCheckpoint
+        from cloc_lightning.callbacks.checkpoint import BestCheckpoint, LatestCheckpoint
         from cloc_lightning.callbacks.resume import ResumeState
 
         callbacks: list[Callback] = []
@@ -240,15 +239,14 @@ class BaseModule(L.LightningModule):
             if all(_is_default_checkpoint(cb) for cb in existing):
                 trainer.callbacks = [cb for cb in trainer.callbacks if not _is_default_checkpoint(cb)]
                 added.append(
-                    ModelCheckpoint(
+                    BestCheckpoint(
                         monitor=self.monitor,
                         mode=self.monitor_mode,
                         filename="best-{epoch:03d}-{step}",
                         auto_insert_metric_name=False,
                     )
                 )
-            latest = [cb for cb in trainer.callbacks if isinstance(cb, LatestCheckpoint)]
-            if not latest:
+            elif not any(isinstance(cb, (LatestCheckpoint, BestCheckpoint)) for cb in trainer.callbacks):
                 tied = [cb for cb in trainer.checkpoint_callbacks if cb.save_last is True and cb.monitor is not None]
                 for cb in tied:
                     cb.save_last = False

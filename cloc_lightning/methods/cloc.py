@@ -195,7 +195,7 @@ class CLOCModule(ClassifierModule):
         super().on_save_checkpoint(checkpoint)
         checkpoint["cloc"] = {
             "margins_frozen": self.margins_frozen,
-            "learnable_map": self.cloc_loss.to_learnable_map("fixed" if self.margins_frozen else "learnable"),
+            "learnable_map": self.cloc_loss.to_learnable_map("fixed" if self.margins_frozen else None),
             "margin_names": self.cloc_loss.margin_names(),
         }
 
