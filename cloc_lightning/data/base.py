@@ -8,15 +8,26 @@ label-distribution shift), the transforms (single view, or the multi-view hook
 
 Batches: ``(images [B, 3, H, W], labels [B])`` for single-view sets and
 ``(list of n_views tensors [B, 3, h_v, w_v], labels [B])`` with ``train_views``.
-Validation/test/predict sets are always single-view with the eval transform.
+Validation/test/predict sets are always single-view with the eval transform; an
+unlabelled predict set (``predict_root``: a folder of images, or a CSV of paths
+without labels) yields image batches ``[B, 3, H, W]`` alone.
+
+Exact resume: the training order of epoch ``e`` is a function of ``(seed, e)``
+(:class:`EpochShuffleSampler`) and the augmentation of training sample ``i`` in
+epoch ``e`` a function of ``(seed, e, i)`` (:class:`TransformedSubset` with a
+``seed``), whichever loader worker process draws it, however many workers there
+are, and whether or not the run was resumed from a checkpoint.
+:class:`ResumableDataLoader` saves and restores the epoch and position.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import logging
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import lightning as L
@@ -78,9 +89,14 @@ def hash_split(keys: Sequence[str], fractions: Sequence[float], salt: str = "") 
 
 
 class LabelledDataset(Dataset):
-    """A dataset of ``(raw image, int label)`` with a ``targets`` list (base sets)."""
+    """A dataset of ``(raw image, int label)`` with a ``targets`` list (base sets).
+
+    ``labelled`` is ``False`` for sets without labels (a ``predict_root`` folder): their
+    ``targets`` are ``-1`` and :class:`TransformedSubset` yields the images alone.
+    """
 
     targets: list[int]
+    labelled: bool = True
 
     def load(self, index: int) -> Any:
         """The raw image at ``index`` (PIL image or uint8 tensor [3, H, W])."""
@@ -113,18 +129,23 @@ class TensorImageDataset(LabelledDataset):
 class ImageFileDataset(LabelledDataset):
     """Image files with labels, read with PIL and converted to RGB.
 
+    ``targets``: one integer label per file, or ``None`` for unlabelled files
+    (``labelled`` is then ``False`` and every target ``-1``).
     ``bad_files``: ``'raise'`` (default) stops with the file's name when a file
     cannot be read; ``'skip'`` warns (with a running count) and returns the next
     readable sample instead.
     """
 
-    def __init__(self, files: Sequence[str], targets: Sequence[int], bad_files: Literal["raise", "skip"] = "raise") -> None:
-        if len(files) != len(targets):
+    def __init__(
+        self, files: Sequence[str], targets: Sequence[int] | None, bad_files: Literal["raise", "skip"] = "raise"
+    ) -> None:
+        if targets is not None and len(files) != len(targets):
             raise ValueError("files and targets differ in length")
         if bad_files not in ("raise", "skip"):
             raise DataConfigError(f"bad_files must be 'raise' or 'skip', got {bad_files!r}")
         self.files = list(files)
-        self.targets = [int(t) for t in targets]
+        self.labelled = targets is not None
+        self.targets = [int(t) for t in targets] if targets is not None else [-1] * len(self.files)
         self.bad_files = bad_files
         self.skipped = 0
 
@@ -152,29 +173,100 @@ class ImageFileDataset(LabelledDataset):
         raise RuntimeError(f"100 consecutive unreadable images starting at {self.files[index]!r}; check the data folder")
 
 
-class TransformedSubset(Dataset):
-    """``base[indices[i]]`` with ``transform`` applied to the image."""
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """A 63-bit generator seed that depends only on ``(seed, epoch)``."""
+    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(epoch)]).generate_state(1, np.uint64)[0] >> 1)
 
-    def __init__(self, base: LabelledDataset, indices: Sequence[int] | None, transform: Callable[[Any], Any]) -> None:
+
+def _sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit generator seed that depends only on ``(seed, epoch, index)`` (never equal to an epoch's seed)."""
+    sequence = np.random.SeedSequence(int(seed) & (2**63 - 1), spawn_key=(int(epoch), int(index)))
+    return int(sequence.generate_state(1, np.uint64)[0] >> 1)
+
+
+class TransformedSubset(Dataset):
+    """``base[indices[i]]`` with ``transform`` applied to the image: ``(image, label)``, or the image alone
+    when the base set is unlabelled.
+
+    With a ``seed`` (the training set) every sample's random transform is a function of
+    ``(seed, epoch, base index)`` alone: ``__getitem__`` runs the transform with torch's CPU
+    generator seeded from these three (:func:`_sample_seed`) inside
+    ``torch.random.fork_rng``, so it does not matter which loader worker draws the sample,
+    how many workers there are, or whether the run was resumed from a checkpoint, and
+    the calling process's global generator is left as it was (``num_workers: 0``).  The
+    epoch lives in a one-element shared-memory tensor, so :meth:`set_epoch` in the main
+    process reaches persistent worker processes (fork or spawn) before they load the
+    epoch's first sample; :class:`ResumableDataLoader` calls it at the start of every pass.
+    A copy unpickled in another process that sets epochs itself (a ``ddp_spawn`` rank)
+    switches to a shared tensor of its own at its first :meth:`set_epoch`, before its
+    workers start, so two processes never share one epoch.
+    Transforms must draw from torch's generator (every torchvision v2 transform does,
+    so do the pipelines of :mod:`cloc_lightning.data.transforms`); Python's ``random`` and
+    NumPy's global generator are not seeded per sample.
+
+    Args:
+        base: the base set (raw images, labels).
+        indices: the base indices kept, in order (``None``: all).
+        transform: raw image -> tensor (or list of view tensors).
+        seed: per-sample seeding of ``transform`` (see above); ``None`` (evaluation sets)
+            draws from the process's global generator as usual.
+    """
+
+    def __init__(
+        self, base: LabelledDataset, indices: Sequence[int] | None, transform: Callable[[Any], Any], seed: int | None = None
+    ) -> None:
         self.base = base
         self.indices = list(range(len(base))) if indices is None else list(indices)
         self.transform = transform
+        self.seed = None if seed is None else int(seed)
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_() if seed is not None else None
+        self._epoch_owner = os.getpid()
 
     @property
     def targets(self) -> list[int]:
         return [self.base.targets[i] for i in self.indices]
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose augmentations ``__getitem__`` draws (0 without a ``seed``)."""
+        return int(self._epoch.item()) if self._epoch is not None else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s augmentations from now on, in this process and in its loader workers."""
+        if self._epoch is None:
+            return
+        if self._epoch_owner != os.getpid():  # unpickled from another process that may still use its tensor
+            self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+            self._epoch_owner = os.getpid()
+        self._epoch.fill_(int(epoch))
+
+    def describe(self, i: int) -> str:
+        """The base set's name of sample ``i`` (its file path, or ``sample <base index>`` in memory)."""
+        return self.base.describe(self.indices[i])
+
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, i: int) -> tuple[Any, torch.Tensor]:
-        image, label = self.base[self.indices[i]]
-        return self.transform(image), torch.tensor(label, dtype=torch.long)
+    def __getitem__(self, i: int) -> Any:
+        index = self.indices[i]
+        image, label = self.base[index]
+        if self.seed is None:
+            out = self.transform(image)
+        else:
+            # only torch's CPU generator, seeded with its own (not torch.manual_seed: that would reseed CUDA too)
+            with torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(_sample_seed(self.seed, self.epoch, index))
+                out = self.transform(image)
+        if not getattr(self.base, "labelled", True):
+            return out
+        return out, torch.tensor(label, dtype=torch.long)
 
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    """A 63-bit generator seed that depends only on ``(seed, epoch)``."""
-    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(epoch)]).generate_state(1, np.uint64)[0] >> 1)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a plain pickle / deepcopy copies the epoch tensor out of shared memory: share the copy again so that
+        # this copy's own loader workers see its set_epoch (torch.multiprocessing pickling keeps it shared)
+        self.__dict__.update(state)
+        if self._epoch is not None and not self._epoch.is_shared():
+            self._epoch.share_memory_()
 
 
 class EpochShuffleSampler(RandomSampler):
@@ -225,12 +317,29 @@ class ResumableDataLoader(DataLoader):
     Lightning sets just before the epoch starts is always the one used.  With another
     sampler (e.g. Lightning's ``DistributedSampler`` under DDP) the epoch is restored but
     a mid-epoch resume restarts that epoch's order (Lightning's behaviour).
+
+    At the start of every pass, before any index reaches a worker, the sampler's epoch is
+    passed to the dataset's ``set_epoch`` (when it has one: :class:`TransformedSubset` with
+    a ``seed``), so the augmentations are epoch ``e``'s in every worker process as well; a
+    sampler without an ``epoch`` attribute counts the passes instead.
     """
 
     def _position(self) -> int:
         return int(getattr(self, "_batches_done", 0))
 
+    def _set_dataset_epoch(self) -> None:
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if not callable(set_epoch):
+            return
+        epoch = getattr(self.sampler, "epoch", None)
+        if epoch is None:
+            epoch = self._passes = int(getattr(self, "_passes", -1)) + 1
+        set_epoch(int(epoch))
+
     def __iter__(self) -> Any:
+        # runs at the first batch (a generator): after Lightning's set_epoch / load_state_dict, before
+        # DataLoader.__iter__ hands the epoch's first indices to the (persistent) workers
+        self._set_dataset_epoch()
         self._batches_done = int(getattr(self, "_resume_batches", 0))
         self._resume_batches = 0
         for batch in super().__iter__():
@@ -271,6 +380,11 @@ class BaseDataModule(L.LightningDataModule):
     Subclasses implement :meth:`build_base_sets` (and set ``num_classes`` /
     ``class_names``); everything else is shared.
 
+    The training set draws the augmentation of sample ``i`` in epoch ``e`` from
+    ``(seed, e, i)`` alone (:class:`TransformedSubset`), so a fit killed and resumed with
+    ``--ckpt_path`` is exact with loader workers too.  ``predict`` uses the test split, or
+    the images of ``predict_root`` when set (see :meth:`build_predict_set`).
+
     Args:
         batch_size: training batch size (per process under DDP).
         eval_batch_size: validation/test batch size (default: ``batch_size``).
@@ -287,8 +401,14 @@ class BaseDataModule(L.LightningDataModule):
         class_fraction: label-distribution shift: ``{class: fraction}`` keeps only
             that fraction of the listed classes' training images.
         drop_last: drop the last incomplete training batch.
-        seed: seed of the training sampler's shuffling.
-        bad_files: what file-based sets do with unreadable images (``raise``/``skip``).
+        seed: seed of the training sampler's shuffling and of the training augmentations.
+        bad_files: what file-based sets do with unreadable images (``raise``/``skip``);
+            the ``predict_root`` set always raises (a skipped file would shift the rows).
+        predict_root: what ``predict`` runs on: ``None`` (default) the test split; a folder
+            of images (searched recursively, sorted paths, no labels: class sub-folders
+            are not needed and give none); or a ``.csv`` file with a ``path`` column
+            (relative to the CSV's folder) and an optional ``label`` column (integer
+            labels in ``[0, num_classes)`` or names from ``class_names``) giving targets.
     """
 
     task: ClassVar[Task] = "ordinal"
@@ -312,6 +432,7 @@ class BaseDataModule(L.LightningDataModule):
         drop_last: bool = True,
         seed: int = 0,
         bad_files: Literal["raise", "skip"] = "raise",
+        predict_root: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -340,11 +461,13 @@ class BaseDataModule(L.LightningDataModule):
         self.drop_last = drop_last
         self.seed = seed
         self.bad_files = bad_files
+        self.predict_root = predict_root
         self.class_names: list[str] = []
         self._base: dict[str, LabelledDataset] | None = None
         self.train_set: TransformedSubset | None = None
         self.val_set: TransformedSubset | None = None
         self.test_set: TransformedSubset | None = None
+        self.predict_set: TransformedSubset | None = None
 
     # ----------------------------------------------------------------- hooks
     def build_base_sets(self) -> dict[str, LabelledDataset]:
@@ -377,6 +500,90 @@ class BaseDataModule(L.LightningDataModule):
     def eval_image_transform(self) -> Callable[[Any], Any]:
         """The validation/test transform (resize + normalise)."""
         return eval_transform(self.image_size, self.mean, self.std)
+
+    def build_predict_set(self) -> LabelledDataset:
+        """The images of ``predict_root``: a folder (unlabelled) or a CSV of paths (labelled with a ``label`` column).
+
+        Raises:
+            DataConfigError: a missing folder or CSV, no images, no ``path`` column, missing
+                files or labels outside the data module's classes; the message names the fix.
+        """
+        assert self.predict_root is not None, "predict_root is not set"
+        root = Path(os.path.expanduser(self.predict_root))
+        if root.suffix.lower() == ".csv":
+            return self._predict_csv(root)
+        if not root.is_dir():
+            raise DataConfigError(
+                f"predict_root {str(root)!r} does not exist or is not a directory; point data.predict_root at a "
+                "folder of images or at a .csv file with a 'path' column (or leave it unset to predict the test split)"
+            )
+        files = sorted(
+            (p for p in root.rglob("*") if p.is_file() and p.name.lower().endswith(IMAGE_EXTENSIONS)),
+            key=lambda p: p.relative_to(root).as_posix(),
+        )
+        if not files:
+            raise DataConfigError(
+                f"no images under predict_root {str(root)!r} (searched recursively for {', '.join(IMAGE_EXTENSIONS)}); "
+                "put the images there or point data.predict_root at the folder that holds them"
+            )
+        return ImageFileDataset([str(p) for p in files], None, "raise")
+
+    def _predict_csv(self, path: Path) -> ImageFileDataset:
+        if not path.is_file():
+            raise DataConfigError(
+                f"predict_root CSV {str(path)!r} does not exist; point data.predict_root at an existing .csv file "
+                "with a 'path' column, or at a folder of images"
+            )
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = [c.strip() for c in reader.fieldnames or []]
+            if "path" not in fields:
+                raise DataConfigError(
+                    f"predict_root CSV {str(path)!r} has no 'path' column (columns: {fields}); give it a header row "
+                    "with a 'path' column of image paths relative to the CSV's folder (and optionally 'label')"
+                )
+            rows = [
+                (reader.line_num, {k.strip(): (v or "").strip() for k, v in r.items() if isinstance(k, str)})
+                for r in reader
+            ]
+        if not rows:
+            raise DataConfigError(f"predict_root CSV {str(path)!r} has no rows; list one image path per row")
+        files = [str(path.parent / r["path"]) for _, r in rows]
+        missing = [(line, r["path"]) for (line, r), f in zip(rows, files) if not r["path"] or not os.path.isfile(f)]
+        if missing:
+            shown = "; ".join(f"line {line}: {p!r}" for line, p in missing[:5])
+            raise DataConfigError(
+                f"{len(missing)} path(s) in predict_root CSV {str(path)!r} are not files (paths are relative to "
+                f"the CSV's folder {str(path.parent)!r}): {shown}{' ...' if len(missing) > 5 else ''}; "
+                "fix or remove those rows"
+            )
+        if "label" not in fields:
+            return ImageFileDataset(files, None, "raise")
+        return ImageFileDataset(files, self._predict_labels(path, rows), "raise")
+
+    def _predict_labels(self, path: Path, rows: list[tuple[int, dict[str, str]]]) -> list[int]:
+        """The ``label`` column of a predict CSV as class indices: integers in ``[0, num_classes)`` or class names."""
+        n, names = self.num_classes, list(self.class_names)
+        values = [r["label"] for _, r in rows]
+        numeric = all(v.lstrip("-").isdigit() for v in values if v)
+        lookup = {name: c for c, name in enumerate(names)}
+        labels: list[int] = []
+        bad: list[str] = []
+        for (line, r), v in zip(rows, values):
+            if numeric and v and 0 <= int(v) < n:
+                labels.append(int(v))
+            elif not numeric and v in lookup:
+                labels.append(lookup[v])
+            else:
+                bad.append(f"line {line}: {r['path']!r} (label {v!r})")
+        if bad:
+            expected = f"integers in [0, {n})" if numeric else f"names from class_names {names[:10]}"
+            raise DataConfigError(
+                f"{len(bad)} label(s) in predict_root CSV {str(path)!r} are not {expected}: "
+                f"{'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; fix those rows, or drop the 'label' column "
+                "to predict without targets"
+            )
+        return labels
 
     # ------------------------------------------------------------- internals
     def _ensure_base(self) -> dict[str, LabelledDataset]:
@@ -419,12 +626,18 @@ class BaseDataModule(L.LightningDataModule):
         return sorted(keep)
 
     def setup(self, stage: str | None = None) -> None:
+        if stage == "predict" and self.predict_root is not None:
+            if self.predict_set is None:
+                self.predict_set = TransformedSubset(self.build_predict_set(), None, self.eval_image_transform())
+            return
         base = self._ensure_base()
         train = base["train"]
         files = getattr(train, "files", None)
         keys = [os.path.basename(f) for f in files] if files is not None else None
         if self.train_set is None:
-            self.train_set = TransformedSubset(train, self.train_indices(train.targets, keys), self.train_image_transform())
+            self.train_set = TransformedSubset(
+                train, self.train_indices(train.targets, keys), self.train_image_transform(), seed=self.seed
+            )
             self.val_set = TransformedSubset(base["val"], None, self.eval_image_transform())
             self.test_set = TransformedSubset(base["test"], None, self.eval_image_transform())
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}.get(
@@ -445,7 +658,8 @@ class BaseDataModule(L.LightningDataModule):
     def _loader(self, ds: Dataset, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
         """Shuffled loaders are a :class:`ResumableDataLoader` over an :class:`EpochShuffleSampler` (exact resume).
 
-        Every loader has its own generator (worker seeds), so iterating data never
+        Every loader has its own generator (worker seeds) and the training set seeds its
+        augmentations per sample (:class:`TransformedSubset`), so iterating data never
         draws from the global RNG (whose state checkpoints restore on resume).
         """
         workers = self.num_workers
@@ -474,7 +688,11 @@ class BaseDataModule(L.LightningDataModule):
         return self._loader(self.test_set, self.eval_batch_size, False, False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()
+        """The ``predict_root`` images when set, else the test split (in order)."""
+        if self.predict_root is None:
+            return self.test_dataloader()
+        assert self.predict_set is not None, "call setup('predict') first"
+        return self._loader(self.predict_set, self.eval_batch_size, False, False)
 
     def train_eval_dataloader(self) -> DataLoader:
         """The (subsampled) training set with the *eval* transform, in order (for feature probes)."""

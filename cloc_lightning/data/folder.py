@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from cloc_lightning.data.base import (
     IMAGE_EXTENSIONS,
@@ -152,12 +152,20 @@ class CSVDataModule(BaseDataModule):
     ``split_column`` its values ``train``/``val``/``test`` assign the splits,
     otherwise a hash of the path does (``split_fractions``).
 
+    The number of classes of integer labels is ``num_classes``, else the length of
+    ``class_names``, else ``max label + 1``; in the last case every class ``0..max`` must
+    have images, so a stray label (a ``9`` in a ``0..4`` data set) is an error naming its
+    rows rather than five silently added empty classes.  Labels outside ``[0,
+    num_classes)`` and empty labels are errors naming their rows (CSV line numbers, paths).
+
     Args:
         csv_path: the CSV file (with a header row).
         root: base folder of relative paths (default: the CSV's folder).
         path_column, label_column, split_column: column names.
         task: ``'ordinal'`` or ``'nominal'``.
         class_names: label names in class order (string labels) or display names.
+        num_classes: the number of classes; set it to accept classes without images
+            (``None``: from ``class_names`` or the labels, see above).
         split_fractions: ``(train, val, test)`` when there is no split column.
         **kwargs: :class:`BaseDataModule` arguments.
     """
@@ -171,17 +179,27 @@ class CSVDataModule(BaseDataModule):
         split_column: str | None = None,
         task: Literal["nominal", "ordinal"] = "ordinal",
         class_names: list[str] | None = None,
+        num_classes: int | None = None,
         split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if num_classes is not None and num_classes < 2:
+            raise DataConfigError(f"num_classes must be >= 2 (or null to infer it from the labels), got {num_classes}")
+        if num_classes is not None and class_names and len(class_names) != num_classes:
+            raise DataConfigError(
+                f"num_classes={num_classes} but class_names has {len(class_names)} names; give one name per class "
+                "or leave num_classes unset"
+            )
         self.csv_path = csv_path
         self.root = root
         self.columns = (path_column, label_column, split_column)
         self.task = task  # type: ignore[misc]
         self.given_class_names = class_names
+        self.given_num_classes = num_classes
         self.split_fractions = tuple(split_fractions)
         self._rows: list[dict[str, str]] | None = None
+        self._lines: list[int] = []
 
     def _read_rows(self) -> list[dict[str, str]]:
         if self._rows is not None:
@@ -195,32 +213,89 @@ class CSVDataModule(BaseDataModule):
             for col in self.columns:
                 if col is not None and col not in fields:
                     raise DataConfigError(f"column {col!r} not in {str(path)!r} (columns: {fields}); set the *_column arguments")
-            rows = list(reader)
+            rows, lines = [], []
+            for row in reader:
+                rows.append(row)
+                lines.append(reader.line_num)
         if not rows:
             raise DataConfigError(f"CSV file {str(path)!r} has no rows")
-        self._rows = rows
+        self._rows, self._lines = rows, lines
         return rows
 
+    def _label_rows(self, wanted: Callable[[str], bool], limit: int = 5) -> str:
+        """``line <n>: <path> (label <v>)`` for the first ``limit`` rows whose stripped label satisfies ``wanted``."""
+        path_col, label_col, _ = self.columns
+        hits = [(line, r) for line, r in zip(self._lines, self._read_rows()) if wanted((r[label_col] or "").strip())]
+        shown = "; ".join(
+            f"line {line}: {r[path_col]!r} (label {(r[label_col] or '').strip()!r})" for line, r in hits[:limit]
+        )
+        return shown + (f"; ... and {len(hits) - limit} more row(s)" if len(hits) > limit else "")
+
     def _label_map(self) -> dict[str, int]:
-        values = sorted({r[self.columns[1]].strip() for r in self._read_rows()})
+        label_col = self.columns[1]
+        where = f"the {label_col!r} column of {self.csv_path!r}"
+        values = sorted({(r[label_col] or "").strip() for r in self._read_rows()})
+        if "" in values:
+            raise DataConfigError(
+                f"{where} has empty labels: {self._label_rows(lambda v: not v)}; fill them in or remove those rows"
+            )
         if all(v.lstrip("-").isdigit() for v in values):
-            ints = sorted(int(v) for v in values)
-            n = len(self.given_class_names) if self.given_class_names else ints[-1] + 1
-            if ints[0] < 0 or ints[-1] >= n:
-                raise DataConfigError(f"integer labels must lie in [0, {n}); found {ints[0]}..{ints[-1]}")
-            return {str(i): i for i in range(n)} | {v: int(v) for v in values}
+            return self._integer_label_map(values, where)
         names = self.given_class_names or values
         unknown = [v for v in values if v not in names]
         if unknown:
-            raise DataConfigError(f"labels {unknown[:5]} are not in class_names {names}")
+            raise DataConfigError(
+                f"labels {unknown[:5]} are not in class_names {names} ({self._label_rows(lambda v: v in unknown)}); "
+                "fix those rows or add the names to class_names"
+            )
+        if self.given_num_classes is not None and self.given_num_classes != len(names):
+            raise DataConfigError(
+                f"num_classes={self.given_num_classes} but {where} has {len(names)} distinct string labels {names[:10]}; "
+                "give class_names with one name per class (classes without images included) or fix num_classes"
+            )
         return {name: i for i, name in enumerate(names)}
+
+    def _integer_label_map(self, values: list[str], where: str) -> dict[str, int]:
+        """Integer labels: checked against ``num_classes`` / ``class_names``, or free of classes without images."""
+        ints = sorted({int(v) for v in values})
+        given = self.given_num_classes or (len(self.given_class_names) if self.given_class_names else None)
+        if given is not None:
+            bad = {v for v in values if not 0 <= int(v) < given}
+            if bad:
+                source = f"num_classes={given}" if self.given_num_classes else f"class_names has {given} names"
+                raise DataConfigError(
+                    f"integer labels must lie in [0, {given}) ({source}); {where} has labels "
+                    f"{sorted({int(v) for v in bad})[:10]} in rows {self._label_rows(lambda v: v in bad)}. "
+                    "Fix those rows, or raise data.num_classes (and class_names) if the data has more classes"
+                )
+            n = given
+        else:
+            if ints[0] < 0:
+                negative = {v for v in values if int(v) < 0}
+                raise DataConfigError(
+                    f"integer labels must be >= 0; {where} has negative labels in rows "
+                    f"{self._label_rows(lambda v: v in negative)}. Fix those rows (labels are class indices 0..C-1)"
+                )
+            n = ints[-1] + 1
+            present = set(ints)
+            empty = [c for c in range(n) if c not in present]
+            if empty:
+                unexpected = {str(v) for v in ints if v > empty[0]}
+                hint = " (labels start at 1: class indices are 0-based, subtract 1)" if empty == [0] else ""
+                raise DataConfigError(
+                    f"the integer labels of {where} leave classes {empty[:10]}{' ...' if len(empty) > 10 else ''} "
+                    f"without images{hint}: labels {sorted(int(v) for v in unexpected)[:10]} come after the gap, in rows "
+                    f"{self._label_rows(lambda v: str(int(v)) in unexpected)}. "
+                    f"Fix those rows, or set data.num_classes to accept empty classes (e.g. data.num_classes: {n})"
+                )
+        return {str(i): i for i in range(n)} | {v: int(v) for v in values}
 
     def discover_class_names(self) -> list[str]:
         if self.given_class_names:
             self._label_map()
             return list(self.given_class_names)
         mapping = self._label_map()
-        n = max(mapping.values()) + 1
+        n = self.given_num_classes or max(mapping.values()) + 1
         inverse = {v: k for k, v in mapping.items()}
         return [inverse.get(i, str(i)) for i in range(n)]
 
