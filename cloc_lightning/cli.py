@@ -19,7 +19,6 @@ own classes: ``--model my_project.MyCLOC``.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Any
@@ -183,16 +182,20 @@ def _print0(trainer: Any, message: str) -> None:
 
 
 def _checkpoint_position(path: str) -> str:
-    """``epoch E, global step S`` of a checkpoint (the epoch it continues with, as Lightning counts)."""
+    """Where a checkpoint stands: ``after epoch E, global step S`` (an epoch's end) or ``epoch E after batch B``."""
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     epoch, step = ckpt.get("epoch"), ckpt.get("global_step")
     try:
-        progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"]
-        done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["completed"])
-    except (KeyError, TypeError):
+        loop = ckpt["loops"]["fit_loop"]
+        batches = int(loop["epoch_loop.batch_progress"]["current"]["completed"])
+        finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
+            loop["epoch_progress"]["current"]["processed"]
+        ) > int(epoch or 0)
+    except (KeyError, TypeError, ValueError):
         return f"epoch {epoch}, global step {step}"
-    where = f"after epoch {done - 1}" if done and done > (epoch or 0) else f"epoch {epoch}, batch {progress}"
-    return f"{where}, global step {step}; training continues from there"
+    if finished:
+        return f"after epoch {epoch}, global step {step}; training continues with epoch {int(epoch or 0) + 1}"
+    return f"epoch {epoch} after batch {batches}, global step {step}; training continues with batch {batches + 1}"
 
 
 def _version_folder_of(trainer: Any, ckpt_path: str) -> str | None:
@@ -330,20 +333,6 @@ def find_last_checkpoint(trainer: Any) -> str | None:
     return max(candidates, key=os.path.getmtime) if candidates else None
 
 
-class _DropLightningTips(logging.Filter):
-    """Drop Lightning's advertising tips (litlogger / litmodels) from the command's output."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "💡 Tip" not in str(record.getMessage())
-
-
-def _quiet_lightning_tips() -> None:
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropLightningTips) for f in logger.filters):
-            logger.addFilter(_DropLightningTips())
-
-
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
 _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, FloatingPointError, RuntimeError, ImportError)
 
@@ -390,7 +379,6 @@ def main(args: list[str] | None = None) -> None:
     if argv and argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
-    _quiet_lightning_tips()
     try:
         if args is None:  # console use: LightningCLI reads sys.argv (warns when given both)
             sys.argv = sys.argv[:1] + argv

@@ -51,8 +51,8 @@ SHORT = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
     "--trainer.log_every_n_steps", "1", "--trainer.logger.init_args.save_dir", "runs",
 ]
-PLOTS = ["--trainer.callbacks+=cloc_lightning.callbacks.EmbeddingPlot",
-         "--trainer.callbacks+=cloc_lightning.callbacks.ConfusionMatrixPlot"]
+PLOTS = ["--trainer.callbacks+=cloc_lightning.callbacks.EmbeddingPlot", "--trainer.callbacks.init_args.max_points", "256",
+         "--trainer.callbacks+=cloc_lightning.callbacks.ConfusionMatrixPlot", "--trainer.callbacks.init_args.max_points", "256"]
 #: Lightning's notices that must not reach users (adverts, a misleading override warning)
 NOISE = ("💡 Tip", "will override existing callbacks")
 
@@ -224,7 +224,7 @@ def _pretrain_then_probe(method: str, name: str, tmp: Path, tv: Path) -> None:
     check_fit(probe, tmp, Expect(epochs=2))
     if cpu:  # the offline scikit-learn probe config on the same checkpoint
         out = cli(["probe", "--config", str(CONFIGS / "linear_probe/probe_cifar10_cpu.yaml"), "--ckpt", str(encoder),
-                   "--data.init_args.train_fraction", "0.05", "--output", str(tmp / "probe.json")], tmp)
+                   "--data.init_args.root", str(CIFAR10), "--data.init_args.train_fraction", "0.05", "--output", str(tmp / "probe.json")], tmp)
         assert (tmp / "probe.json").is_file(), out.stdout[-2000:]
 
 
@@ -301,7 +301,7 @@ DDP_CASES = {
                Expect(epochs=3, tests=False, confusion=False)),
     "relic": ("relic/demo.yaml", ["--data.batch_size", "16"], Expect(epochs=3, confusion=False)),
     "ordinal_clip": ("ordinal_clip/utkface.yaml",
-                     ["--data", "cloc_lightning.data.OrdinalShapesDataModule", "--data.num_classes", "8",
+                     ["--model.num_classes", "8", "--data", "cloc_lightning.data.OrdinalShapesDataModule", "--data.num_classes", "8",
                       "--data.image_size", "32", "--data.batch_size", "8"], Expect(epochs=3)),
 }
 
@@ -353,7 +353,7 @@ def test_kill_and_resume_after_epochs_that_did_not_improve(tmp_path: Path) -> No
     reference = fit("cloc/demo.yaml", ref_dir, *RESUME, epochs=5, plots=False)
     ref_folder = run_folder(reference, ref_dir)
     mae = _val_mae(ref_folder)
-    assert len(mae) == 5 and mae[1] > mae[0] and mae[2] > mae[0], f"precondition: epochs 1-2 must not improve, got {mae}"
+    assert len(mae) == 5 and mae[1] >= mae[0] and mae[2] >= mae[0], f"precondition: epochs 1-2 must not improve, got {mae}"
 
     marker = run_dir / "paused"
     pause = ["--trainer.callbacks+=tests._faults.PauseAtStep", "--trainer.callbacks.init_args.step", "12",
@@ -441,5 +441,5 @@ def test_nominal_image_folder_with_the_default_task(tmp_path: Path) -> None:
         folder = check_fit(result, tmp_path, Expect(epochs=2, plots=False, cloc_freeze=config.startswith("cloc")))
         best = sorted((folder / "checkpoints").glob("best-*.ckpt"))[-1]
         callbacks = load(best)["callbacks"]
-        monitors = [v.get("monitor") for k, v in callbacks.items() if k.startswith("ModelCheckpoint")]
+        monitors = [v.get("monitor") for k, v in callbacks.items() if "Checkpoint" in k]
         assert "val/acc" in monitors and "test/acc" in printed_test_metrics(result.stdout)
