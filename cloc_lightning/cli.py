@@ -128,14 +128,15 @@ class CLOCLightningCLI(LightningCLI):
             if path is None:
                 _print0(self.trainer, "--ckpt_path last: no last checkpoint found for this run; training starts from scratch")
             cfg["ckpt_path"] = path
-        if path and os.path.isfile(path):
+        if path and os.path.isfile(path) and self.subcommand == "fit":
+            # a resumed fit continues its run folder (validate/test/predict log into a new one and
+            # never overwrite the training run's config.yaml)
             version = _version_folder_of(self.trainer, path)
             if version is not None:
                 _pin_logger_version(self.trainer, version)
-            if self.subcommand == "fit":
-                info = _checkpoint_position(path)
-                folder = f"its run folder {version}" if version else "a new run folder (the checkpoint is not in this logger's folders)"
-                _print0(self.trainer, f"--ckpt_path {given}: resuming from {path} ({info}); logging into {folder}")
+            info = _checkpoint_position(path)
+            folder = f"its run folder {version}" if version else "a new run folder (the checkpoint is not in this logger's folders)"
+            _print0(self.trainer, f"--ckpt_path {given}: resuming from {path} ({info}); logging into {folder}")
         _pin_logger_version(self.trainer, None)  # fix the folder now: ddp_spawn workers and the main process agree
 
     def before_fit(self) -> None:
@@ -162,6 +163,20 @@ class CLOCLightningCLI(LightningCLI):
             if ckpt_path is None:
                 _print0(trainer, "test_after_fit: no best checkpoint was saved; testing the final weights")
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        self._closing_lines(best)
+
+    def after_validate(self) -> None:
+        self._closing_lines()
+
+    def after_test(self) -> None:
+        self._closing_lines()
+
+    def after_predict(self) -> None:
+        self._closing_lines()
+
+    def _closing_lines(self, best: str = "") -> None:
+        """``logs (TensorBoard): <run folder>`` (and the best checkpoint after fit), printed by rank 0."""
+        trainer = self.trainer
         log_dir = trainer.log_dir  # a broadcast under DDP: every rank must read it, not rank 0 alone
         if trainer.is_global_zero:
             if log_dir:

@@ -402,6 +402,12 @@ def test_user_traps(tmp_path: Path) -> None:
     ce_ckpt = run_folder(one, tmp_path) / "checkpoints" / "last.ckpt"
     assert load(ce_ckpt)["global_step"] == 2
 
+    # testing a checkpoint logs into a new folder: the training run's config.yaml is never overwritten
+    fit_config = (ce_ckpt.parent.parent / "config.yaml").read_text()
+    tested = cli(["test", "--config", str(CONFIGS / "ce/demo.yaml"), *tiny, "--ckpt_path", str(ce_ckpt)], tmp_path)
+    assert printed_test_metrics(tested.stdout) and run_folder(tested, tmp_path) != ce_ckpt.parent.parent
+    assert (ce_ckpt.parent.parent / "config.yaml").read_text() == fit_config
+
     # a checkpoint of another module is refused, naming both classes (it used to test the checkpoint's model)
     bad = cli(["test", "--config", str(CONFIGS / "cloc/demo.yaml"), *tiny, "--ckpt_path", str(ce_ckpt)], tmp_path, check=False)
     assert bad.returncode == 1 and "CEModule" in bad.stderr and "CLOCModule" in bad.stderr and "Traceback" not in bad.stderr
