@@ -196,9 +196,17 @@ def _print0(trainer: Any, message: str) -> None:
         print(message, flush=True)
 
 
+def _read_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint's metadata without reading its tensors into memory (memory-mapped; Lightning loads it again)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def _checkpoint_position(path: str) -> str:
     """Where a checkpoint stands: ``after epoch E, global step S`` (an epoch's end) or ``epoch E after batch B``."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = _read_checkpoint(path)
     epoch, step = ckpt.get("epoch"), ckpt.get("global_step")
     try:
         loop = ckpt["loops"]["fit_loop"]
@@ -308,7 +316,7 @@ def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
         return  # jsonargparse has already reported unknown classes
     init_args = model_cfg.get("init_args")
     hparams = dict(init_args.as_dict() if hasattr(init_args, "as_dict") else (init_args or {}))
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    ckpt = _read_checkpoint(ckpt_path)
     why = checkpoint_mismatch(cls, hparams, ckpt)
     if why is not None:
         raise CheckpointMismatchError(
