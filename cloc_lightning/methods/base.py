@@ -38,12 +38,13 @@ from torch import nn
 from torchmetrics import MetricCollection
 
 from cloc_lightning.metrics import build_metrics
-from cloc_lightning.nn.backbones import create_backbone
+from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 
-__all__ = ["BaseModule", "ClassifierModule", "OptimizerName", "SchedulerName", "lr_factor"]
+__all__ = ["BaseModule", "ClassifierModule", "LRInterval", "OptimizerName", "SchedulerName", "lr_factor"]
 
 OptimizerName = Literal["adam", "adamw", "sgd", "radam"]
 SchedulerName = Literal["cosine", "step", "none"]
+LRInterval = Literal["step", "epoch"]
 
 
 def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -78,24 +79,59 @@ def lr_factor(
     min_lr_ratio: float = 0.0,
     milestones: Sequence[int] = (),
     gamma: float = 0.1,
+    interval: LRInterval = "step",
+    warmup_start: float | None = None,
+    max_epochs: float | None = None,
 ) -> float:
-    """Multiplier of the base learning rate at optimiser step ``step``.
+    """Multiplier of the base learning rate at optimiser step ``step`` (0-based).
 
-    Linear warm-up over ``warmup_epochs`` (from ``1/warmup_steps`` to 1), then
-    ``cosine`` decay to ``min_lr_ratio`` at ``total_steps``, ``step`` decay by
-    ``gamma`` at each epoch in ``milestones``, or constant (``none``).
+    ``interval="step"`` (default): linear warm-up over ``warmup_epochs`` (from
+    ``1/warmup_steps`` to 1), then ``cosine`` decay over the remaining steps to
+    ``min_lr_ratio`` at ``total_steps``, ``step`` decay by ``gamma`` at each epoch in
+    ``milestones``, or constant (``none``).
+
+    ``interval="epoch"``: the schedule changes once per epoch, as SupContrast's
+    ``adjust_learning_rate`` (Khosla et al. 2020, github.com/HobbitLong/SupContrast,
+    ``util.py``) with epochs counted from 1: in epoch ``e = k + 1`` (``k`` the 0-based
+    epoch index) ``cosine`` gives ``m + (1 - m)(1 + cos(pi e / E)) / 2`` over all ``E =
+    max_epochs`` epochs (warm-up included; ``m = min_lr_ratio``, so the last epoch runs at
+    ``m``) and ``step`` gives ``gamma ** #{milestones < e}``.  Warm-up is per step and ends
+    at the schedule's value at epoch ``warmup_epochs`` (SupContrast's ``warmup_to``).
+
+    ``warmup_start``: ``None`` warms up from ``1/warmup_steps`` of the target; a number
+    warms up linearly from that multiplier at step 0 (SupContrast's ``warmup_from`` /
+    base lr), reaching the target after ``warmup_steps`` steps.
     """
     warmup = int(round(warmup_epochs * steps_per_epoch))
-    if step < warmup:
-        return (step + 1) / warmup
-    if scheduler == "cosine":
-        span = max(1, total_steps - warmup)
-        progress = min(1.0, (step - warmup) / span)
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if scheduler == "step":
-        epoch = step / max(steps_per_epoch, 1e-12)
-        return gamma ** sum(1 for m in milestones if epoch >= m)
-    return 1.0
+    spe = max(steps_per_epoch, 1e-12)
+    if interval == "epoch":
+        epochs = float(max_epochs) if max_epochs and max_epochs > 0 else max(1.0, total_steps / spe)
+
+        def value_at(e: float) -> float:  # schedule value in (1-based) epoch e
+            if scheduler == "cosine":
+                return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(e, epochs) / epochs))
+            if scheduler == "step":
+                return gamma ** sum(1 for m in milestones if e > m)
+            return 1.0
+
+        if step < warmup:  # SupContrast's warmup_to: the cosine at the end of warm-up, else the base rate
+            target = value_at(warmup_epochs) if scheduler == "cosine" else 1.0
+        else:
+            return value_at(math.floor(step / spe) + 1)
+    else:
+        target = 1.0
+        if step >= warmup:
+            if scheduler == "cosine":
+                span = max(1, total_steps - warmup)
+                progress = min(1.0, (step - warmup) / span)
+                return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+            if scheduler == "step":
+                epoch = step / spe
+                return gamma ** sum(1 for m in milestones if epoch >= m)
+            return 1.0
+    if warmup_start is None:
+        return target * (step + 1) / warmup
+    return warmup_start + (step / warmup) * (target - warmup_start)
 
 
 class BaseModule(L.LightningModule):
@@ -114,8 +150,20 @@ class BaseModule(L.LightningModule):
         scheduler: ``cosine`` | ``step`` | ``none``; stepped every optimiser step.
         warmup_epochs: linear warm-up length (fractions allowed).
         min_lr_ratio: final cosine learning rate as a fraction of the base rate.
+        lr_interval: ``step`` (default: the cosine runs per step over the steps after
+            warm-up) or ``epoch`` (SupContrast's schedule: one value per epoch, the cosine
+            over all epochs with epochs counted from 1, warm-up ending at the cosine's value;
+            see :func:`lr_factor`).
+        warmup_from: absolute learning rate of the first warm-up step (SupContrast's
+            ``warmup_from``, 0.01 there); ``None`` starts at ``lr / warmup_steps``.  Other
+            parameter groups scale by the same factor.
         lr_milestones: epochs at which ``step`` multiplies the rate by ``lr_gamma``.
         lr_gamma: decay factor of the ``step`` schedule.
+        backbone_init: ``timm`` (default: timm's initialisation, which zero-initialises the
+            last BatchNorm of each residual block; a ``cifar_stem`` convolution keeps PyTorch's
+            default) or ``kaiming`` (SupContrast's ResNet: every convolution kaiming-normal
+            with ``fan_out``, norm layers weight 1 / bias 0, no zero-init); see
+            :func:`~cloc_lightning.nn.backbones.init_backbone`.  Random-init backbones only.
         init_from: a checkpoint (ours or a plain ``state_dict`` file) whose matching
             weights initialise this module before training (weights only: no
             optimiser state, epoch or hyper-parameters; ``--ckpt_path`` resumes instead).
@@ -148,6 +196,9 @@ class BaseModule(L.LightningModule):
         min_lr_ratio: float = 0.0,
         lr_milestones: list[int] | None = None,
         lr_gamma: float = 0.1,
+        lr_interval: LRInterval = "step",
+        warmup_from: float | None = None,
+        backbone_init: BackboneInit = "timm",
         init_from: str | None = None,
         check_finite_loss: bool = True,
     ) -> None:
@@ -160,6 +211,15 @@ class BaseModule(L.LightningModule):
             raise ValueError(f"optimizer must be adam|adamw|sgd|radam, got {optimizer!r}")
         if scheduler not in ("cosine", "step", "none"):
             raise ValueError(f"scheduler must be cosine|step|none, got {scheduler!r}")
+        if lr_interval not in ("step", "epoch"):
+            raise ValueError(f"lr_interval must be step|epoch, got {lr_interval!r}")
+        if warmup_from is not None and (warmup_from < 0 or warmup_epochs <= 0):
+            raise ValueError(
+                f"warmup_from={warmup_from} needs warmup_epochs > 0 (got {warmup_epochs}) and a value >= 0: it is the "
+                "learning rate of the first warm-up step. Set warmup_epochs (SupContrast: 10), or warmup_from: null."
+            )
+        if backbone_init not in ("timm", "kaiming"):
+            raise ValueError(f"backbone_init must be timm|kaiming, got {backbone_init!r}")
         self.save_hyperparameters(ignore=list(self.hparams_ignore))
         self.backbone, self.feature_dim = self.build_backbone()
         self._initialised_from: str | None = None
@@ -168,7 +228,9 @@ class BaseModule(L.LightningModule):
     def build_backbone(self) -> tuple[nn.Module, int]:
         """Return ``(encoder, feature_dim)``; ``encoder(x)`` maps ``[B, 3, H, W]`` to ``[B, feature_dim]``."""
         h = self.hparams
-        return create_backbone(h.backbone, h.pretrained, h.cifar_stem, **(h.backbone_kwargs or {}))
+        return create_backbone(
+            h.backbone, h.pretrained, h.cifar_stem, init=h.get("backbone_init", "timm"), **(h.backbone_kwargs or {})
+        )
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Optimiser parameter groups; override to give parts their own lr/weight decay.
@@ -203,9 +265,16 @@ class BaseModule(L.LightningModule):
         else:
             per_epoch = total / max(1, self.trainer.max_epochs or 1)
         milestones = list(h.lr_milestones or [])
+        interval = h.get("lr_interval", "step")
+        warmup_from = h.get("warmup_from")
+        warmup_start = None if warmup_from is None else float(warmup_from) / float(h.lr)
+        max_epochs = self.trainer.max_epochs if (self.trainer.max_epochs or 0) > 0 else None
 
         def factor(step: int) -> float:
-            return lr_factor(step, total, per_epoch, h.scheduler, h.warmup_epochs, h.min_lr_ratio, milestones, h.lr_gamma)
+            return lr_factor(
+                step, total, per_epoch, h.scheduler, h.warmup_epochs, h.min_lr_ratio, milestones, h.lr_gamma,
+                interval=interval, warmup_start=warmup_start, max_epochs=max_epochs,
+            )
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
@@ -12,7 +12,9 @@ from torch import nn
 
 from cloc_lightning.nn.hub import load_pretrained
 
-__all__ = ["create_backbone", "apply_cifar_stem"]
+__all__ = ["BackboneInit", "create_backbone", "apply_cifar_stem", "init_backbone"]
+
+BackboneInit = Literal["timm", "kaiming"]
 
 
 def _suggest(name: str) -> str:
@@ -46,11 +48,43 @@ def apply_cifar_stem(model: nn.Module, name: str = "model") -> nn.Module:
     return model
 
 
+@torch.no_grad()
+def init_backbone(model: nn.Module, scheme: BackboneInit = "kaiming") -> nn.Module:
+    """Re-initialise a backbone's weights in place.
+
+    ``kaiming`` is SupContrast's ResNet initialisation (Khosla et al. 2020,
+    github.com/HobbitLong/SupContrast ``networks/resnet_big.py``, which follows
+    torchvision with ``zero_init_residual=False``): every ``Conv2d`` weight drawn
+    kaiming-normal with ``mode="fan_out"`` and ReLU gain (convolution biases zeroed),
+    every BatchNorm/GroupNorm weight 1 and bias 0, and no zero-initialised last norm in
+    the residual branches.  ``Linear`` layers keep their initialisation.
+
+    ``timm`` leaves the model as :func:`timm.create_model` built it (for timm ResNets:
+    kaiming-normal convolutions and the last BatchNorm of each block zero-initialised,
+    ``zero_init_last=True``; a ``cifar_stem`` convolution has PyTorch's default
+    kaiming-uniform init).
+    """
+    if scheme == "timm":
+        return model
+    if scheme != "kaiming":
+        raise ValueError(f"backbone init must be 'timm' or 'kaiming', got {scheme!r}")
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)) and m.affine:
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    return model
+
+
 def create_backbone(
     name: str = "resnet18",
     pretrained: bool | str = False,
     cifar_stem: bool = False,
     in_chans: int = 3,
+    init: BackboneInit = "timm",
     **kwargs: Any,
 ) -> tuple[nn.Module, int]:
     """Create a timm feature extractor (classifier removed, global pooling kept).
@@ -62,6 +96,8 @@ def create_backbone(
             Hugging Face hub) or a path to a local checkpoint file.
         cifar_stem: 3x3/1 stem without max-pool for 32x32 images (ResNet family).
         in_chans: input channels.
+        init: ``timm`` (timm's own initialisation) or ``kaiming`` (SupContrast's; see
+            :func:`init_backbone`).  ``kaiming`` with pretrained weights is refused.
         **kwargs: passed to ``timm.create_model`` (e.g. ``drop_path_rate``).
 
     Returns:
@@ -69,6 +105,13 @@ def create_backbone(
     """
     if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
         raise ValueError(f"Unknown timm backbone {name!r}.{_suggest(str(name))}")
+    if init not in ("timm", "kaiming"):
+        raise ValueError(f"backbone init must be 'timm' or 'kaiming', got {init!r}")
+    if init != "timm" and pretrained not in (False, None) and str(pretrained).lower() != "false":
+        raise ValueError(
+            f"backbone_init={init!r} re-initialises the weights and would discard pretrained={pretrained!r}. "
+            "Use backbone_init: timm with pretrained weights, or pretrained: false."
+        )
     create_kwargs: dict[str, Any] = dict(num_classes=0, in_chans=in_chans, **kwargs)
     if isinstance(pretrained, str) and pretrained.lower() not in ("true", "false"):
         path = os.path.expanduser(pretrained)
@@ -88,6 +131,7 @@ def create_backbone(
         model = timm.create_model(name, pretrained=False, **create_kwargs)
     if cifar_stem:
         apply_cifar_stem(model, name)
+    init_backbone(model, init)
     num_features = int(getattr(model, "num_features"))
     return model, num_features
 
