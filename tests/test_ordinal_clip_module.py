@@ -193,6 +193,18 @@ def test_fit_keeps_text_encoder_frozen_and_out_of_the_optimiser(tmp_path: Path) 
     assert {"val/mae", "val/mae_expected", "val/acc", "val/qwk", "val/acc_pm1"} <= set(metrics)
 
 
+def test_clip_image_size_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    """CLIP's visual tower has a fixed input size: a data module with another size fails at setup, by name."""
+    dm = OrdinalShapesDataModule(num_classes=5, train_size=20, val_size=10, test_size=10, batch_size=10,
+                                 num_workers=0, image_size=2 * IMG)
+    with pytest.raises(ValueError, match=f"takes {IMG}x{IMG} px images .* image_size={2 * IMG}; set --data.image_size {IMG}"):
+        _trainer(tmp_path, max_epochs=1).fit(make(), datamodule=dm)
+    # a timm encoder takes any size
+    _trainer(tmp_path, max_epochs=1, limit_val_batches=1).fit(
+        make(image_encoder="timm", backbone=TINY_BACKBONE), datamodule=dm
+    )
+
+
 def test_prototype_cache_in_eval_recompute_in_training() -> None:
     m = make()
     calls = []

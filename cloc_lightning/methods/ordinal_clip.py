@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
-from cloc_lightning.nn.clip import load_clip
+from cloc_lightning.nn.clip import load_clip, resolve_clip_model
 from cloc_lightning.nn.prompt_learner import (
     INTERPOLATION_KINDS,
     RANK_POSITIONS,
@@ -265,8 +265,14 @@ class OrdinalCLIPModule(ClassifierModule):
     Args:
         num_classes: number of ranks R (>= 2); must match the data module.
         clip_model: open_clip model name whose text tower (and, with ``image_encoder: clip``,
-            visual tower) is used, e.g. ``ViT-S-32-alt`` (small), ``RN50-quickgelu``,
-            ``ViT-B-16`` (the paper's best). See :func:`cloc_lightning.nn.clip.load_clip`.
+            visual tower) is used, e.g. ``ViT-S-32-alt`` (small), ``RN50-quickgelu`` (the
+            reference's default), ``ViT-B-16-quickgelu`` (the paper's best). See
+            :func:`cloc_lightning.nn.clip.load_clip`. With a ``pretrained`` tag trained with
+            QuickGELU (every ``openai`` tag) a plain name is built as its ``-quickgelu`` variant
+            (``ViT-B-16`` + ``openai`` → ``ViT-B-16-quickgelu``, a printed note;
+            :func:`~cloc_lightning.nn.clip.resolve_clip_model`), and ``hparams.clip_model`` (so the
+            checkpoint) records the variant built, so that ``export-prototypes`` and reloading with
+            ``pretrained: null`` rebuild the same activation.
         pretrained: ``None`` (random init: what tests and offline machines use; **no language
             prior then**), an open_clip tag (``openai``; fails fast with a clear error when not
             cached and offline) or a local checkpoint path.
@@ -292,9 +298,12 @@ class OrdinalCLIPModule(ClassifierModule):
         rank_position: where the rank tokens go in the prompt: ``tail`` | ``front`` | ``middle``.
         save_text_encoder: keep the frozen text weights in checkpoints (default; needed when
             ``pretrained`` is ``None``).
-        logit_scale: log of the logit multiplier; ``None`` = the CLIP model's (log 100 for OpenAI
-            weights, log(1/0.07) ≈ 2.66 for a random init).
-        learn_logit_scale: learn it (clamped at log 100); frozen by default as in the reference.
+        logit_scale: log of the logit multiplier; ``None`` = with ``head: prompts`` the CLIP
+            model's (log 100 = 4.6052 for OpenAI weights, as the reference, which takes
+            ``clip_model.logit_scale`` from the OpenAI checkpoint; log(1/0.07) ≈ 2.66 for a random
+            init), with ``head: linear`` log 100 (the reference ``Baseline``'s fixed 100).
+        learn_logit_scale: learn it (clamped at log 100); frozen by default as in the reference
+            (its ``lr_logit_scale`` is 0).
         ce_weight: weight of the CE term.
         kl_weight: weight of the KL term.
         target_sharpness: sharpness of the KL soft targets (reference: 10).
@@ -304,10 +313,18 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
-        optimizer: ``radam`` (reference) | ``adam`` | ``adamw`` | ``sgd``.
+        optimizer: ``radam`` (reference) | ``adam`` | ``adamw`` | ``sgd``. ``radam`` is
+            ``torch.optim.RAdam`` with *decoupled* weight decay (``p ← p − lr·wd·p``), as the
+            reference's RAdam (Liu et al.'s implementation) applies it; torch's default would add
+            ``wd·p`` to the gradient (L2), which the adaptive step rescales.
         lr: base learning rate (reference: 1e-4 for every group).
-        weight_decay: weight decay of every group except the logit scale (reference: 0).
-        scheduler: ``cosine`` (per step, after ``warmup_epochs``) | ``step`` | ``none``.
+        weight_decay: weight decay of every group except the logit scale (reference: 0 in
+            ``configs/default.yaml``, 5e-4 in its MORPH runs).
+        scheduler: ``cosine`` (per step, after ``warmup_epochs``) | ``step`` | ``none``. The
+            reference steps torch's ``CosineAnnealingLR(T_max=max_epochs)`` (MORPH runs) or
+            ``MultiStepLR([60], 0.1)`` (its default config) once per epoch; ``step`` with
+            ``lr_milestones: [60]`` is exactly the latter, ``cosine`` with ``lr_interval: step``
+            equals the former at every epoch start (``configs/ordinal_clip/utkface_seed.yaml``).
         **kwargs: other :class:`~cloc_lightning.methods.base.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``,
             ``warmup_epochs``, ``min_lr_ratio``, ``init_from``, ...).
@@ -427,7 +444,13 @@ class OrdinalCLIPModule(ClassifierModule):
     def _load_clip(self) -> tuple[nn.Module, Any]:
         h = self.hparams
         if not h.clip_config:
-            return load_clip(h.clip_model, h.pretrained)
+            model, tokenizer = load_clip(h.clip_model, h.pretrained)  # prints a note when it switches
+            resolved, _ = resolve_clip_model(h.clip_model, h.pretrained)
+            if resolved != h.clip_model:
+                # the checkpoint records the architecture actually built (reloads with pretrained: null,
+                # export-prototypes and encoder_builder() must rebuild the same activation)
+                self.hparams["clip_model"] = resolved
+            return model, tokenizer
         import open_clip
 
         from cloc_lightning.nn.clip import _validate_model_name
@@ -453,7 +476,12 @@ class OrdinalCLIPModule(ClassifierModule):
         else:
             kw = h.backbone_kwargs or {}
             encoder, width = create_backbone(h.backbone, h.backbone_pretrained, h.cifar_stem, **kw)
-        scale = float(clip_model.logit_scale.detach()) if h.logit_scale is None else float(h.logit_scale)
+        if h.logit_scale is not None:
+            scale = float(h.logit_scale)
+        elif h.head == "linear":
+            scale = MAX_LOGIT_SCALE  # the reference Baseline multiplies by a fixed 100
+        else:
+            scale = float(clip_model.logit_scale.detach())  # OpenAI weights: log 100, as the reference
         # not an attribute: nn.Module would register the whole CLIP (text tower included) as a child
         self.__dict__["_pending_clip"] = (clip_model, tokenizer, scale)
         return encoder, width
@@ -485,7 +513,36 @@ class OrdinalCLIPModule(ClassifierModule):
             )
         return RankPromptHead(prompts, scale, h.learn_logit_scale)
 
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self, stage: str) -> None:
+        """Also check that the data's image size is the one CLIP's visual tower was built for."""
+        super().setup(stage)
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.hparams.image_encoder != "clip" or dm is None:
+            return
+        want, got = getattr(self.backbone, "image_size", None), getattr(dm, "image_size", None)
+        pair = lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v, v)  # noqa: E731
+        if want is not None and got is not None and pair(want) != pair(got):
+            raise ValueError(
+                f"CLIP's visual tower of {self.hparams.clip_model!r} takes {pair(want)[0]}x{pair(want)[1]} px images "
+                f"(its positional embedding has a fixed size) but {type(dm).__name__} gives image_size={got}; set "
+                f"--data.image_size {pair(want)[0]}, or use --model.image_encoder timm for other sizes"
+            )
+
     # ------------------------------------------------------------------ optimiser
+    def build_optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """As :class:`~cloc_lightning.methods.base.BaseModule`, but ``radam`` decays weights decoupled.
+
+        The reference's RAdam (``ordinalclip/runner/optim/custom_optim/radam.py``, Liu et al.)
+        applies weight decay as ``p ← p − lr·wd·p``; ``torch.optim.RAdam`` does that with
+        ``decoupled_weight_decay=True`` (its default adds ``wd·p`` to the gradient instead).
+        Same result with ``weight_decay: 0``.
+        """
+        h = self.hparams
+        if h.optimizer == "radam":
+            return torch.optim.RAdam(groups, lr=h.lr, weight_decay=h.weight_decay, decoupled_weight_decay=True)
+        return super().build_optimizer(groups)
+
     def param_groups(self) -> list[dict[str, Any]]:
         """One group per role, each with its own lr; the frozen text encoder is in none of them.
 

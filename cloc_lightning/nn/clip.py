@@ -12,7 +12,13 @@ values into an open_clip model and its tokenizer. It adds three things on top of
   (``HF_HUB_OFFLINE=1``, or the hub/URL host cannot be reached with a short probe)
   instead of the ~50 s of retries that ``huggingface_hub`` does by default, with a
   message that names the fixes (``pretrained: null``, a local checkpoint path, or
-  downloading once with network).
+  downloading once with network);
+* the activation follows the weights (:func:`resolve_clip_model`): a tag trained with
+  QuickGELU (every ``openai`` tag, and some others) paired with an architecture name that
+  uses ``nn.GELU`` (``ViT-B-16`` + ``openai``) is built as the ``-quickgelu`` variant
+  (``ViT-B-16-quickgelu``), with a printed note. open_clip itself only warns and then runs
+  the weights with the wrong activation (the seed repo, OrdinalCLIP, uses OpenAI's CLIP code,
+  which always has QuickGELU). A mismatch with no matching variant is a ``ValueError``.
 
 References: open_clip (https://github.com/mlfoundations/open_clip, ``factory.create_model``,
 ``pretrained.download_pretrained``); OrdinalCLIP (Li et al., NeurIPS 2022,
@@ -27,7 +33,6 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-import warnings
 from typing import Any
 
 from torch import nn
@@ -37,6 +42,7 @@ from .hub import PretrainedUnavailableError  # the project's one error for "weig
 __all__ = [
     "PretrainedUnavailableError",
     "load_clip",
+    "resolve_clip_model",
     "build_open_clip_visual",
     "HUB_PROBE_TIMEOUT_S",
 ]
@@ -171,6 +177,82 @@ def _resolve_tag(clip_model: str, tag: str, cfg: dict[str, Any], cache_dir: str 
     return None  # reachable: let open_clip download it
 
 
+_QUICKGELU_SUFFIX = "-quickgelu"
+
+
+def resolve_clip_model(clip_model: str, pretrained: str | os.PathLike[str] | None) -> tuple[str, str | None]:
+    """The open_clip model name whose activation matches the ``pretrained`` tag's weights.
+
+    open_clip registers some tags (all ``openai`` ones, ``yfcc15m``, ``cc12m``, the MetaCLIP and
+    DFN tags of some models, ...) as trained with QuickGELU (``get_pretrained_cfg(name, tag)
+    ["quick_gelu"]``), while the plain architecture names (``RN50``, ``ViT-B-16``, ...) build
+    ``nn.GELU``; their ``-quickgelu`` names build ``QuickGELU``. Both activations have no
+    parameters, so the weights load either way and a mismatch silently changes every MLP of
+    both towers. This function picks the variant whose model config has the tag's
+    ``quick_gelu`` (and under which the tag is registered):
+
+    * ``("ViT-B-16", "openai")`` → ``("ViT-B-16-quickgelu", note)``;
+    * ``("ViT-B-16-quickgelu", "openai")``, ``("ViT-B-32", "laion2b_s34b_b79k")`` → unchanged, ``None``;
+    * ``pretrained`` ``None`` / ``""``, a file path (not a tag of this model), or a schema name
+      (``hf-hub:``, ``local-dir:``) → unchanged, ``None`` (nothing to go by: name the
+      ``-quickgelu`` model yourself for OpenAI checkpoint files).
+
+    Args:
+        clip_model: open_clip model name (``/`` is read as ``-``, as open_clip does).
+        pretrained: the ``pretrained`` value given to :func:`load_clip`.
+
+    Returns:
+        ``(name, note)``: the name to build and a one-line note when it differs from
+        ``clip_model`` (``None`` otherwise).
+
+    Raises:
+        ValueError: the tag's activation differs from the model's and open_clip has no variant
+            of ``clip_model`` with the tag's activation registered for that tag.
+    """
+    import open_clip
+    from open_clip.pretrained import get_pretrained_cfg, list_pretrained_tags_by_model
+
+    if not pretrained or not isinstance(pretrained, str) or clip_model.startswith(("hf-hub:", "local-dir:")):
+        return clip_model, None
+    name = clip_model.replace("/", "-")
+    tag_cfg = get_pretrained_cfg(name, pretrained)
+    if not tag_cfg:
+        return clip_model, None  # a file path, or an unknown tag (load_clip reports it)
+    want = bool(tag_cfg.get("quick_gelu", False))
+    have = bool((open_clip.get_model_config(name) or {}).get("quick_gelu", False))
+    if want == have:
+        return clip_model, None
+    if want and not name.endswith(_QUICKGELU_SUFFIX):
+        candidate: str | None = name + _QUICKGELU_SUFFIX
+    elif not want and name.endswith(_QUICKGELU_SUFFIX):
+        candidate = name[: -len(_QUICKGELU_SUFFIX)]
+    else:
+        candidate = None
+    cand_cfg = open_clip.get_model_config(candidate) if candidate else None
+    if (
+        candidate is not None
+        and cand_cfg is not None
+        and bool(cand_cfg.get("quick_gelu", False)) == want
+        and get_pretrained_cfg(candidate, pretrained)
+    ):
+        act = "QuickGELU" if want else "nn.GELU"
+        note = (
+            f"note: pretrained={pretrained!r} was trained with {act}, so {clip_model!r} is built as {candidate!r} "
+            f"(open_clip would build {clip_model!r} with {'nn.GELU' if want else 'QuickGELU'} and only warn); "
+            f"write clip_model: {candidate} to silence this note."
+        )
+        return candidate, note
+    tags = [t for t in list_pretrained_tags_by_model(name)
+            if bool(get_pretrained_cfg(name, t).get("quick_gelu", False)) == have]
+    raise ValueError(
+        f"pretrained={pretrained!r} was trained with quick_gelu={want} but {clip_model!r} builds quick_gelu={have}, "
+        f"and open_clip registers no variant of {clip_model!r} with quick_gelu={want} for that tag, so the weights "
+        f"would run with the wrong activation. Use a tag of {clip_model!r} trained with its activation "
+        f"({tags or 'none registered'}), another model name, or a local checkpoint path (then the named "
+        "architecture is used as it is)."
+    )
+
+
 def load_clip(
     clip_model: str,
     pretrained: str | None,
@@ -182,7 +264,9 @@ def load_clip(
     Args:
         clip_model: open_clip model name (``open_clip.list_models()``), e.g. ``"RN50"``,
             ``"ViT-B-32"``, ``"ViT-S-32-alt"``; ``"hf-hub:org/repo"`` and
-            ``"local-dir:/path"`` are passed to open_clip unchanged.
+            ``"local-dir:/path"`` are passed to open_clip unchanged. With a tag trained with the
+            other activation, the matching variant is built instead (``ViT-B-16`` + ``openai`` →
+            ``ViT-B-16-quickgelu``, with a printed note; :func:`resolve_clip_model`).
         pretrained: ``None`` (or ``""``) → random initialisation; an open_clip tag for this
             model (``open_clip.list_pretrained_tags_by_model(clip_model)``, e.g. ``"openai"``);
             or the path of a local checkpoint file (an open_clip / OpenAI state dict).
@@ -196,15 +280,17 @@ def load_clip(
         (a callable ``list[str] -> LongTensor [N, context_length]``).
 
     Raises:
-        ValueError: unknown model name (with close names), unknown precision, or a ``pretrained``
-            value that is neither a tag of this model nor an existing file.
+        ValueError: unknown model name (with close names), unknown precision, a ``pretrained``
+            value that is neither a tag of this model nor an existing file, or a tag whose activation
+            (QuickGELU or not) no variant of ``clip_model`` has.
         PretrainedUnavailableError (``cloc_lightning.nn.hub``, a RuntimeError): a tag that is not cached while offline
             (``HF_HUB_OFFLINE=1``) or while its host cannot be reached within
             :data:`HUB_PROBE_TIMEOUT_S` seconds.
 
     Example:
         >>> model, tokenizer = load_clip("ViT-S-32-alt", pretrained=None)  # doctest: +SKIP
-        >>> model, tokenizer = load_clip("RN50", pretrained="openai")      # needs network or cache
+        >>> model, tokenizer = load_clip("RN50", pretrained="openai")      # doctest: +SKIP
+        note: pretrained='openai' was trained with QuickGELU, so 'RN50' is built as 'RN50-quickgelu' ...
     """
     import open_clip
     from open_clip.pretrained import get_pretrained_cfg, list_pretrained_tags_by_model
@@ -215,6 +301,10 @@ def load_clip(
     if pretrained is not None and not isinstance(pretrained, (str, os.PathLike)):
         raise TypeError(f"pretrained must be None, an open_clip tag or a file path, got {type(pretrained).__name__}")
     pretrained = os.fspath(pretrained) if pretrained else None
+    # before any download: the architecture must match the weights' activation
+    clip_model, note = resolve_clip_model(clip_model, pretrained)
+    if note:
+        print(note, flush=True)
 
     create_kwargs: dict[str, Any] = dict(precision=precision, cache_dir=cache_dir)
     has_schema = clip_model.startswith(("hf-hub:", "local-dir:"))
@@ -224,15 +314,6 @@ def load_clip(
         if cfg:
             local = _resolve_tag(clip_model, pretrained, cfg, cache_dir)
             if local is not None:
-                model_cfg = open_clip.get_model_config(name) or {}
-                if bool(cfg.get("quick_gelu", False)) != bool(model_cfg.get("quick_gelu", False)):
-                    warnings.warn(
-                        f"pretrained={pretrained!r} was trained with quick_gelu={cfg.get('quick_gelu', False)} "
-                        f"but {clip_model!r} uses quick_gelu={model_cfg.get('quick_gelu', False)}; "
-                        f"use '{name}-quickgelu' for an exact match (open_clip warns the same).",
-                        UserWarning,
-                        stacklevel=2,
-                    )
                 pretrained = local
         elif not os.path.isfile(pretrained):
             tags = list_pretrained_tags_by_model(name)

@@ -83,13 +83,24 @@ def rank_interpolation_weights(
     * ``normal``:   ``exp(-d**2)``
 
     and each row is normalised to sum to 1, so ``rank_embedding[r] = sum_b w[r, b] * base[b]``.
-    Same formulas as the reference (``RankPromptLearner.interpolation_functions``).
+    Same formulas and base positions as the reference (``RankPromptLearner.interpolation_functions``
+    and ``create_interpolation_weights`` in xk-huang/OrdinalCLIP).
 
     Numerics: computed in float64. ``linear`` is clamped at 0 (it cannot go negative because
-    ``d <= R-1``; the clamp only guards rounding). ``normal`` is normalised in log space
-    (``softmax(-d**2)`` over b), which is the same value but never 0/0: the reference's direct
-    ``exp(-d**2) / sum`` underflows to NaN when a rank is far from every base (e.g. B = 1, R >= 20
-    in float32), here such rows get their nearest base's weight.
+    ``d <= R-1``; the clamp only guards rounding).
+
+    **Deliberate fix of** ``normal``: it is normalised in log space (``softmax(-d**2)`` over b),
+    the same value wherever the reference's formula is finite, but never 0/0. The reference
+    computes ``exp(-d**2) / sum_b exp(-d**2)`` in float32 (the CLIP dtype): ``exp`` underflows to
+    exactly 0 once ``d**2`` exceeds about 104, so every rank farther than ~10.2 from *all* bases
+    gets a row of NaN, and the NaN rank embeddings make those ranks' text features (and the
+    loss) NaN. That happens for every R >= 22 with B = 1, R >= 23 with B = 2, R >= 44 with
+    B = 3 (38 of 80 rows at R = 80, 58 of 101 at R = 101), R = 63 and R >= 65 with B = 4, ... Here such
+    rows go to the nearest base(s), the limit of the formula. Where the reference's row sum is
+    a normal float32 the two agree to float32 rounding (<= 4e-5, from the base positions
+    ``linspace(0, R-1, B)`` rounded to float32 there); where it is subnormal the reference's
+    weights are quantised (off by up to ~2e-2). ``linear`` and ``inv_prop`` agree with the
+    reference to ~1e-6. Test: ``tests/test_fidelity_ordinal_clip.py``.
 
     Args:
         num_ranks: R >= 2.
