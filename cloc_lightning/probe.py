@@ -10,11 +10,18 @@ Three layers, usable on their own:
 * **Features** -- :func:`extract_features` runs an encoder over a loader (eval mode,
   no gradients) and returns NumPy arrays; unlabelled rows (label < 0) are dropped.
 * **The offline probe** -- :func:`logistic_regression_probe`: scikit-learn
-  ``LogisticRegression`` on standardised features, the evaluation of the
-  ReLIC-sigmoid seed (``stl10_eval.py``: ``LogisticRegression`` on frozen features;
-  the seed wraps it in ``CalibratedClassifierCV`` without scaling -- ``calibrated=True,
-  standardize=False`` reproduces that).  :func:`probe_checkpoint` chains all three for
-  a checkpoint and a data module, and ``cloc-lightning probe`` is its command line.
+  ``LogisticRegression`` on frozen features.  :func:`probe_checkpoint` chains all three
+  for a checkpoint and a data module, and ``cloc-lightning probe`` is its command line.
+
+Probe presets (:data:`PROBE_PRESETS`; ``preset=`` / ``--preset``; explicitly given
+settings override the preset's):
+
+* ``default``: ``LogisticRegression(C=1, max_iter=1000)`` on standardised
+  (training-set mean/std), unnormalised features.
+* ``sigmoid_cl``: the evaluation of the ReLIC-sigmoid seed (``scl/stl10_eval.py``):
+  L2-normalised features, no standardisation, ``LogisticRegression(max_iter=100)``
+  (C = 1) inside ``CalibratedClassifierCV`` (scikit-learn's defaults: 5-fold, sigmoid
+  calibration, ensemble of the fold classifiers).
 
 The encoder hook
 ----------------
@@ -40,7 +47,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,6 +57,8 @@ from torch.utils.data import DataLoader
 from cloc_lightning.nn.backbones import create_backbone
 
 __all__ = [
+    "PROBE_PRESETS",
+    "probe_settings",
     "ENCODER_META_KEY",
     "DEFAULT_ENCODER_PREFIX",
     "EncoderCheckpoint",
@@ -70,6 +79,30 @@ ENCODER_META_KEY = "cloc_lightning/encoder"
 DEFAULT_ENCODER_PREFIX = "backbone."
 
 _ARCH_KEYS = ("backbone", "cifar_stem", "backbone_kwargs")
+
+#: named probe protocols: the settings of :func:`logistic_regression_probe` / :func:`extract_features`
+PROBE_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"C": 1.0, "max_iter": 1000, "normalize": False, "standardize": True, "calibrated": False},
+    # the ReLIC-sigmoid seed (scl/stl10_eval.py): CalibratedClassifierCV(LogisticRegression(max_iter=100))
+    # on L2-normalised target-encoder features, no scaling
+    "sigmoid_cl": {"C": 1.0, "max_iter": 100, "normalize": True, "standardize": False, "calibrated": True},
+}
+
+
+def probe_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """The probe settings of ``preset`` (``None`` = ``'default'``) with the non-``None`` ``overrides`` applied.
+
+    Keys: ``C``, ``max_iter``, ``normalize``, ``standardize``, ``calibrated``.
+    """
+    name = preset or "default"
+    if name not in PROBE_PRESETS:
+        raise ValueError(f"unknown probe preset {name!r}; choose one of {sorted(PROBE_PRESETS)}")
+    unknown = set(overrides) - set(PROBE_PRESETS[name])
+    if unknown:
+        raise TypeError(f"unknown probe settings {sorted(unknown)}; known: {sorted(PROBE_PRESETS[name])}")
+    settings = dict(PROBE_PRESETS[name])
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    return settings
 
 
 def encoder_metadata(module: nn.Module) -> dict[str, Any]:
@@ -396,23 +429,32 @@ def probe_checkpoint(
     ckpt_path: str,
     datamodule: Any,
     device: str | torch.device = "cpu",
-    C: float = 1.0,
-    max_iter: int = 1000,
-    normalize: bool = False,
-    standardize: bool = True,
+    C: float | None = None,
+    max_iter: int | None = None,
+    normalize: bool | None = None,
+    standardize: bool | None = None,
     backbone: str | None = None,
     cifar_stem: bool | None = None,
     split: str = "test",
+    calibrated: bool | None = None,
+    preset: str | None = None,
 ) -> dict[str, Any]:
     """Offline linear probe of a checkpoint's encoder on a data module.
 
     Features of the (subsampled, labelled) training set with the *eval* transform
     (``datamodule.train_eval_dataloader()``) train :func:`logistic_regression_probe`;
-    ``split`` (``test`` or ``val``) is scored.
+    ``split`` (``test`` or ``val``) is scored.  ``C``, ``max_iter``, ``normalize``,
+    ``standardize`` and ``calibrated`` left at ``None`` take the value of ``preset``
+    (:data:`PROBE_PRESETS`; ``None`` = ``'default'``: C 1, 1000 iterations, standardised
+    unnormalised features; ``'sigmoid_cl'``: the ReLIC-sigmoid seed's protocol).
 
     Returns:
-        The probe's numbers plus ``'encoder'`` (where the weights came from) and ``'backbone'``.
+        The probe's numbers plus ``'encoder'`` (where the weights came from), ``'backbone'``,
+        ``'split'``, ``'preset'`` and ``'settings'`` (the resolved probe settings).
     """
+    settings = probe_settings(
+        preset, C=C, max_iter=max_iter, normalize=normalize, standardize=standardize, calibrated=calibrated
+    )
     if split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {split!r}")
     enc = load_encoder(ckpt_path, backbone, cifar_stem)
@@ -421,10 +463,14 @@ def probe_checkpoint(
     datamodule.setup("test")
     train_loader = labelled_loader(datamodule.train_eval_dataloader())
     eval_loader = datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader()
-    train_X, train_y = extract_features(encoder, train_loader, device, normalize)
-    test_X, test_y = extract_features(encoder, eval_loader, device, normalize)
-    result: dict[str, Any] = logistic_regression_probe(train_X, train_y, test_X, test_y, C=C, max_iter=max_iter, standardize=standardize)
-    result.update({"encoder": enc.source, "backbone": enc.backbone, "split": split})
+    train_X, train_y = extract_features(encoder, train_loader, device, settings["normalize"])
+    test_X, test_y = extract_features(encoder, eval_loader, device, settings["normalize"])
+    result: dict[str, Any] = logistic_regression_probe(
+        train_X, train_y, test_X, test_y, C=settings["C"], max_iter=settings["max_iter"],
+        standardize=settings["standardize"], calibrated=settings["calibrated"],
+    )
+    result.update({"encoder": enc.source, "backbone": enc.backbone, "split": split, "preset": preset or "default",
+                   "settings": settings})
     return result
 
 
@@ -437,6 +483,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cloc-lightning probe --ckpt runs/supcon/version_0/checkpoints/last.ckpt \\
             --data ImageFolderDataModule --data.root ../shared/data/cifar10 --data.num_workers 2
         cloc-lightning probe --config probe.yaml        # keys: ckpt, data, C, max_iter, ...
+        cloc-lightning probe --preset sigmoid_cl --ckpt relic.ckpt --data ...   # the ReLIC-sigmoid seed's probe
+
+    ``--preset`` (``default`` or ``sigmoid_cl``, :data:`PROBE_PRESETS`) sets ``C``,
+    ``max_iter``, ``normalize``, ``standardize`` and ``calibrated``; any of them given
+    explicitly overrides the preset.
     """
     from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -452,22 +503,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
     parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module (train: probe fit, test: score)")
-    parser.add_argument("--C", type=float, default=1.0, help="inverse L2 regularisation of LogisticRegression")
-    parser.add_argument("--max_iter", type=int, default=1000, help="L-BFGS iterations")
-    parser.add_argument("--normalize", type=bool, default=False, help="L2-normalise features before the probe")
-    parser.add_argument("--standardize", type=bool, default=True, help="standardise features (training-set statistics)")
+    parser.add_argument(
+        "--preset", type=Literal["default", "sigmoid_cl"], default="default",
+        help="probe protocol: 'default' (C 1, max_iter 1000, standardised, unnormalised features) or 'sigmoid_cl' "
+        "(the ReLIC-sigmoid seed: CalibratedClassifierCV(LogisticRegression(max_iter=100)) on L2-normalised, "
+        "unstandardised features); the options below override it",
+    )
+    parser.add_argument("--C", type=Optional[float], default=None, help="inverse L2 regularisation of LogisticRegression (preset: 1.0)")
+    parser.add_argument("--max_iter", type=Optional[int], default=None, help="L-BFGS iterations (preset: 1000 / sigmoid_cl 100)")
+    parser.add_argument("--normalize", type=Optional[bool], default=None, help="L2-normalise features before the probe (preset: false / sigmoid_cl true)")
+    parser.add_argument("--standardize", type=Optional[bool], default=None, help="standardise features, training-set statistics (preset: true / sigmoid_cl false)")
+    parser.add_argument("--calibrated", type=Optional[bool], default=None, help="wrap the classifier in CalibratedClassifierCV (preset: false / sigmoid_cl true)")
     parser.add_argument("--backbone", type=Optional[str], default=None, help="override the checkpoint's timm backbone name")
     parser.add_argument("--cifar_stem", type=Optional[bool], default=None, help="override the checkpoint's cifar_stem")
     parser.add_argument("--split", type=str, default="test", help="test or val")
     parser.add_argument("--device", type=str, default="cpu")
     parser.add_argument("--output", type=Optional[str], default=None, help="also write the result as JSON here")
     cfg = parser.parse_args(argv)
+    if cfg.preset not in PROBE_PRESETS:
+        parser.error(f"--preset must be one of {sorted(PROBE_PRESETS)}, got {cfg.preset!r}")
     init = parser.instantiate_classes(cfg)
     result = probe_checkpoint(
         cfg.ckpt, init.data, device=cfg.device, C=cfg.C, max_iter=cfg.max_iter, normalize=cfg.normalize,
         standardize=cfg.standardize, backbone=cfg.backbone, cifar_stem=cfg.cifar_stem, split=cfg.split,
+        calibrated=cfg.calibrated, preset=cfg.preset,
     )
-    lines = [f"probe ({result['split']}) of {result['encoder']}, backbone {result['backbone']}:"]
+    settings = ", ".join(f"{k}={v}" for k, v in result["settings"].items())
+    lines = [
+        f"probe ({result['split']}) of {result['encoder']}, backbone {result['backbone']}:",
+        f"  preset {result['preset']}: {settings}",
+    ]
     for k in ("top1", "top5", "train_top1"):
         if k in result and math.isfinite(result[k]):
             lines.append(f"  {k}: {100 * result[k]:.2f}%")

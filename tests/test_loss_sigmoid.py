@@ -49,9 +49,10 @@ def reference_numpy(
             z = logits[i][j] if i == j else -logits[i][j]  # label * logit
             log_sig = -np.logaddexp(0.0, -z)  # log sigmoid(z)
             penalty = (1.0 / (1.0 + math.exp(z))) ** gamma  # (1 - sigmoid(z)) ** gamma
-            if threshold is not None and i != j and not penalty > threshold:
-                continue
-            loss -= penalty * log_sig
+            if threshold is None:
+                loss -= penalty * log_sig
+            elif i == j or penalty > threshold:  # filtering (the seed): the penalty selects, kept pairs unweighted
+                loss -= log_sig
     loss /= n
     kl = 0.0
     for i in range(n):
@@ -107,9 +108,10 @@ def reference_torch(
     xn, xpn = F.normalize(x, dim=-1), F.normalize(xp, dim=-1)
     logits = xn @ xpn.t() * tau.exp().clamp(0, max_tau) + b
     penalty = (1 - torch.sigmoid(labels * logits)) ** gamma
-    terms = penalty * F.logsigmoid(labels * logits)
-    if threshold is not None:
-        terms = terms * ((penalty > threshold) | (labels > 0))
+    if threshold is None:
+        terms = penalty * F.logsigmoid(labels * logits)
+    else:  # filtering: the kept pairs' log-sigmoid without the penalty weight
+        terms = F.logsigmoid(labels * logits) * ((penalty > threshold) | (labels > 0))
     loss = -terms.sum() / n
     kl = F.kl_div(F.log_softmax(logits, dim=1), F.softmax(logits, dim=0).t(), reduction="batchmean")
     return loss + alpha * kl, kl
@@ -257,7 +259,8 @@ def test_penalty_filtering_before_and_after_warmup(gamma: float, block_elements:
     plain = numpy_value_and_grads(x.numpy(), xp.numpy(), tau, b, alpha=1.0, gamma=gamma)
     filtered = numpy_value_and_grads(x.numpy(), xp.numpy(), tau, b, alpha=1.0, gamma=gamma, threshold=thr)
     assert abs(plain[0] - filtered[0]) > 1e-3  # the threshold really drops negatives here
-    for step, want in ((-1, plain), (0, plain), (warmup - 1, plain), (warmup, filtered), (10 * warmup, filtered)):
+    # the seed filters when global_step > warm-up: the warm-up step itself is still weighted
+    for step, want in ((-1, plain), (0, plain), (warmup, plain), (warmup + 1, filtered), (10 * warmup, filtered)):
         loss, kl, grads = _ours(x, xp, tau, b, global_step=step, **kw)
         assert loss.item() == pytest.approx(want[0], rel=1e-10), step
         assert kl.item() == pytest.approx(want[1], rel=1e-9), step
@@ -359,7 +362,7 @@ def test_module_defaults_parameters_and_forward() -> None:
         g = 1.0 if gamma_override is None else gamma_override
         ref = reference_numpy(
             x.double().numpy(), xp.double().numpy(), math.log(5.0), -5.0, alpha=1.0, gamma=g,
-            threshold=0.2 if step >= 2 else None,
+            threshold=0.2 if step > 2 else None,
         )
         assert loss.item() == pytest.approx(ref[0], rel=1e-5)
         assert kl.item() == pytest.approx(ref[1], rel=1e-4, abs=1e-6)

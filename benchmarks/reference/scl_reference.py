@@ -8,8 +8,9 @@ same tensor operations, so its speed and memory are representative: normalisatio
 ``sigmoid``, the penalty ``(1 - p) ** gamma``, ``F.logsigmoid`` and the masked sum, then
 the invariance term as ``F.kl_div(F.log_softmax(logits, 1), F.softmax(logits, 0).t(),
 reduction="batchmean")``, each a separate op that autograd differentiates.  Penalty
-filtering (the seed's later ``penalty_filtering`` option) multiplies the terms by the
-keep-mask ``(penalty > threshold) | positives``.  Not used by the library; see
+filtering (the seed's later ``penalty_filtering`` option, from ``global_step >
+filtering_warmup_steps`` on) sums the kept pairs' ``-logsigmoid`` -- keep-mask ``(penalty >
+threshold) | positives`` -- without the penalty weight.  Not used by the library; see
 :mod:`cloc_lightning.losses.sigmoid` for the real loss.
 """
 
@@ -50,10 +51,11 @@ def scl_reference(
     signed = labels * logits
     probs = torch.sigmoid(signed)
     penalty = (1 - probs) ** gamma
-    terms = penalty * F.logsigmoid(signed)
-    if penalty_filtering and global_step >= filtering_warmup_steps:
+    if penalty_filtering and global_step > filtering_warmup_steps:
         keep = (penalty > filtering_threshold) | (labels > 0)
-        terms = terms * keep
+        terms = F.logsigmoid(signed) * keep  # the penalty selects; kept pairs are unweighted
+    else:
+        terms = penalty * F.logsigmoid(signed)
     loss = -torch.sum(terms) / n
 
     log_p = F.log_softmax(logits, dim=1)

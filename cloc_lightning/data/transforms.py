@@ -154,19 +154,43 @@ class MultiCropViews(ViewTransform):
     """Global + local crops (multi-crop, Caron et al. 2020) as the ReLIC-sigmoid seed uses.
 
     Views are ordered ``[global_1 .. global_G, local_1 .. local_L]``.  Global views:
-    RandomResizedCrop(``global_size``, ``global_scale``) -> flip -> ColorJitter
-    (0.8, 0.8, 0.8, 0.2) with p = 0.8 -> grayscale p = 0.2 -> Gaussian blur
-    (p = ``blur_p``) -> solarize (p = ``solarize_p``).  Local views: the same at
-    ``local_size``/``local_scale`` without solarisation.  ``global_size`` defaults to the
-    data module's image size, ``local_size`` to ``3/7`` of it (96 -> 41 ... 32 -> 14,
-    rounded to at least 8), mirroring 224/96 in DINO/SwAV.
+    RandomResizedCrop(``global_size``, ``global_scale``) -> horizontal flip -> ColorJitter
+    (``jitter``) with p = ``jitter_p`` -> grayscale p = ``grayscale_p`` -> Gaussian blur
+    (sigma in [0.1, 2], p = ``blur_p``) -> solarize (``solarize_threshold``, p =
+    ``solarize_p``).  Local views: the same at ``local_size``/``local_scale`` without
+    solarisation.  Then float conversion and the data module's mean/std.
 
-    The blur kernel is odd and about 10% of each crop's size unless ``blur_kernel_size``
-    fixes it for both kinds of view.  The seed (``scl/aug.py``) always blurs (``blur_p=1``)
-    with one kernel from the global size (``int(0.1 * size)`` rounded up to odd: 3 at
-    32 px, 9 at 96 px), solarises at threshold 127 and uses ``int(3/7 * size)`` local
-    crops (13 at 32 px, 41 at 96 px): ``blur_p=1.0, blur_kernel_size=9,
-    solarize_threshold=127, local_size=41`` reproduces it at 96 px.
+    Defaults, and the seed's values (``scl/aug.py``; a 96 px example in brackets):
+
+    ======================  ==========================  =====================================
+    argument                default                     the seed
+    ======================  ==========================  =====================================
+    num_global_views        2                           2 (``--num_global_views``)
+    num_local_views         0                           4 (``--num_local_views``)
+    global_size             the data module's size      the dataset's size (32, 96, ...)
+    local_size              ``local_size_rounding`` of  ``int(3/7 * size)`` (41; 13 at 32 px)
+                            ``3/7 * size``, >= 8
+    local_size_rounding     ``'round'`` (14 at 32 px)   ``'floor'``
+    global/local_scale      (0.1, 1) / (0.05, 1)        the same
+    jitter, jitter_p        (0.8, 0.8, 0.8, 0.2), 0.8   the same
+    grayscale_p             0.2                         0.2
+    blur_p                  0.5                         1.0 (GaussianBlur always applied)
+    blur_kernel_size        None (derived, below)       derived
+    blur_kernel_from        ``'crop'``                  ``'global'``
+    solarize_p              0.2                         0.2 (global views only)
+    solarize_threshold      128                         127
+    ======================  ==========================  =====================================
+
+    The blur kernel is odd, about 10% of a size -- ``max(3, size // 10 rounded up to
+    odd)`` -- of each crop's own size (``blur_kernel_from='crop'``: 9 for 96 px global,
+    5 for 41 px local crops) or of the global size for both kinds of view
+    (``blur_kernel_from='global'``, the seed's ``_round_up_to_odd(int(size * 0.1))``: 3 at
+    32 px, 9 at 96 px; the two formulas agree for sizes >= 20, below that the seed's
+    kernel is 1, i.e. no blur, ours 3), unless ``blur_kernel_size`` fixes it for both.
+    ``MultiCropViews(num_local_views=4, blur_p=1.0, blur_kernel_from='global',
+    local_size_rounding='floor', solarize_threshold=127)`` is the seed's pipeline at any
+    image size (``configs/relic/cifar10.yaml``, ``stl10.yaml``).  The seed's mean/std are ImageNet's
+    (set them on the data module).
     """
 
     def __init__(
@@ -184,6 +208,8 @@ class MultiCropViews(ViewTransform):
         solarize_p: float = 0.2,
         blur_kernel_size: int | None = None,
         solarize_threshold: float = 128,
+        blur_kernel_from: Literal["crop", "global"] = "crop",
+        local_size_rounding: Literal["round", "floor"] = "round",
     ) -> None:
         if blur_kernel_size is not None and (blur_kernel_size < 1 or blur_kernel_size % 2 == 0):
             raise ValueError(f"blur_kernel_size must be an odd positive integer (or null = ~10% of the crop), got {blur_kernel_size}")
@@ -191,6 +217,10 @@ class MultiCropViews(ViewTransform):
             raise ValueError(
                 f"need num_global_views >= 1 and num_local_views >= 0, got {num_global_views} and {num_local_views}"
             )
+        if blur_kernel_from not in ("crop", "global"):
+            raise ValueError(f"blur_kernel_from must be 'crop' (each crop's size) or 'global' (the seed), got {blur_kernel_from!r}")
+        if local_size_rounding not in ("round", "floor"):
+            raise ValueError(f"local_size_rounding must be 'round' or 'floor' (the seed's int()), got {local_size_rounding!r}")
         self.num_global_views = num_global_views
         self.num_local_views = num_local_views
         self.global_size = global_size
@@ -204,13 +234,38 @@ class MultiCropViews(ViewTransform):
         self.solarize_p = solarize_p
         self.blur_kernel_size = blur_kernel_size
         self.solarize_threshold = solarize_threshold
+        self.blur_kernel_from = blur_kernel_from
+        self.local_size_rounding = local_size_rounding
 
     @property
     def n_views(self) -> int:
         return self.num_global_views + self.num_local_views
 
-    def _pipeline(self, size: int, scale: tuple[float, float], solarize: bool, mean: Sequence[float], std: Sequence[float]) -> Transform:
-        kernel = self.blur_kernel_size or max(3, (size // 10) | 1)  # odd, ~10% of the crop as in SimCLR
+    @staticmethod
+    def blur_kernel_for(size: int) -> int:
+        """The derived blur kernel of a ``size`` px view: odd, about ``size / 10``, at least 3."""
+        return max(3, (int(size) // 10) | 1)
+
+    def sizes(self, image_size: int) -> tuple[int, int]:
+        """``(global crop size, local crop size)`` for a data module image size."""
+        g_size = self.global_size or image_size
+        if self.local_size:
+            return g_size, self.local_size
+        exact = image_size * 3 / 7
+        local = int(exact) if self.local_size_rounding == "floor" else round(exact)
+        return g_size, max(8, local)
+
+    def blur_kernels(self, image_size: int) -> tuple[int, int]:
+        """``(global view kernel, local view kernel)`` of the Gaussian blur for a data module image size."""
+        if self.blur_kernel_size:
+            return self.blur_kernel_size, self.blur_kernel_size
+        g_size, l_size = self.sizes(image_size)
+        g_kernel = self.blur_kernel_for(g_size)
+        return g_kernel, g_kernel if self.blur_kernel_from == "global" else self.blur_kernel_for(l_size)
+
+    def _pipeline(
+        self, size: int, scale: tuple[float, float], solarize: bool, kernel: int, mean: Sequence[float], std: Sequence[float]
+    ) -> Transform:
         ops: list[v2.Transform] = [
             v2.ToImage(),
             v2.RandomResizedCrop(size, scale=scale, antialias=True),
@@ -224,8 +279,8 @@ class MultiCropViews(ViewTransform):
         return v2.Compose(ops + _to_tensor(mean, std)[1:])
 
     def build(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> MultiViewTransform:
-        g_size = self.global_size or image_size
-        l_size = self.local_size or max(8, round(image_size * 3 / 7))
-        g = self._pipeline(g_size, self.global_scale, True, mean, std)
-        loc = self._pipeline(l_size, self.local_scale, False, mean, std)
+        g_size, l_size = self.sizes(image_size)
+        g_kernel, l_kernel = self.blur_kernels(image_size)
+        g = self._pipeline(g_size, self.global_scale, True, g_kernel, mean, std)
+        loc = self._pipeline(l_size, self.local_scale, False, l_kernel, mean, std)
         return MultiViewTransform([g] * self.num_global_views + [loc] * self.num_local_views)

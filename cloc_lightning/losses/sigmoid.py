@@ -28,12 +28,19 @@ softmax(L.T, dim=1)``: row ``i`` is target ``x'_i`` over all online rows (column
 the seed).  The returned ``invariance_loss`` is ``KL`` itself, differentiable, whatever
 ``alpha`` is.  ``b`` cancels in the KL (its gradient from the KL is zero).
 
-Penalty filtering (``penalty_filtering=True`` and ``global_step >=
-filtering_warmup_steps``, i.e. once the ``filtering_warmup_steps`` warm-up steps
-``0 .. filtering_warmup_steps - 1`` are done): every positive is kept, a negative only if
-its penalty ``pen_ij > filtering_threshold``; dropped terms leave the sum (the keep-mask
-is a constant, the sum is still divided by ``n``).  With ``gamma = 0`` every penalty is 1,
-so nothing is dropped unless ``filtering_threshold >= 1``.
+Penalty filtering (``penalty_filtering=True`` and ``global_step >
+filtering_warmup_steps``, as the seed: steps ``0 .. filtering_warmup_steps`` use the
+weighted loss above, filtering starts at step ``filtering_warmup_steps + 1``): the
+penalty only *selects* the pairs -- every positive is kept, a negative only if its
+penalty ``pen_ij > filtering_threshold`` -- and the kept pairs enter the sum
+**without** the penalty weight::
+
+    keep   = (pen > filtering_threshold) | I          # a constant mask (no gradient)
+    loss_s = -sum(keep * logsigmoid(y * L)) / n       # still divided by n
+
+(the seed's ``-sum(logsigmoid(selected_labels * selected_logits)) / n``), so at
+``gamma = 1`` the filtered loss is roughly twice the weighted one.  With ``gamma = 0``
+every penalty is 1, so nothing is dropped unless ``filtering_threshold >= 1``.
 
 How it is computed
 ------------------
@@ -263,13 +270,19 @@ class _SigmoidContrastive(torch.autograd.Function):
                 else:
                     pen = torch.pow(sg, gamma, out=buf[3][:k])
                 if threshold is not None:
+                    # filtering (the seed): the penalty only selects the pairs; kept pairs enter UNWEIGHTED,
+                    # f(u) = keep * softplus(u), f'(u) = keep * sigmoid(u)
                     keep = pen > threshold
                     keep.view(-1)[flat] = True
-                    pen.mul_(keep)  # (sg may be zeroed too: every use below is multiplied by pen)
-                loss_parts[blk] = torch.dot(pen.view(-1), sp.view(-1))
-                if need:
-                    om = lb.neg_().sigmoid_()  # sigmoid(-u)
-                    torch.addcmul(sg, om, sp, value=gamma, out=om).mul_(pen)
+                    w = buf[3][:k].copy_(keep)  # (may overwrite pen: keep already holds what is needed)
+                    loss_parts[blk] = torch.dot(w.view(-1), sp.view(-1))
+                    if need:
+                        torch.mul(sg, w, out=lb)
+                else:
+                    loss_parts[blk] = torch.dot(pen.view(-1), sp.view(-1))
+                    if need:
+                        om = lb.neg_().sigmoid_()  # sigmoid(-u)
+                        torch.addcmul(sg, om, sp, value=gamma, out=om).mul_(pen)
             if need:
                 _neg_entries_(lb, flat)  # dL = -f'(u) at the positives
                 if store_kl:
@@ -456,9 +469,11 @@ def sigmoid_contrastive_loss(
         max_tau: upper clamp (> 0) of the logit scale.
         gamma: confidence-penalty exponent (>= 0); 0 = plain SigLIP loss.
         global_step: the optimiser step (for penalty filtering); -1 = unknown (never filters).
-        penalty_filtering: drop negatives with penalty <= ``filtering_threshold`` once
-            ``global_step >= filtering_warmup_steps``.
-        filtering_warmup_steps: steps (>= 0) before filtering starts.
+        penalty_filtering: once ``global_step > filtering_warmup_steps`` (the seed's
+            comparison), drop negatives with penalty <= ``filtering_threshold`` and sum
+            the kept pairs' ``-logsigmoid`` without the penalty weight (the seed).
+        filtering_warmup_steps: the last step (>= 0) of the weighted warm-up; filtering
+            starts at the step after it.
         filtering_threshold: penalty threshold (>= 0) a negative must exceed to be kept.
         gather_distributed: score the local rows against the global batch (see the module
             docstring); ignored on a single process.
@@ -496,7 +511,8 @@ def sigmoid_contrastive_loss(
     device = x.device
     tau_t = _as_param("tau", tau, dtype, device)
     b_t = _as_param("b", b, dtype, device)
-    threshold = thr if (penalty_filtering and step >= warmup) else None
+    # the seed filters from the step AFTER filtering_warmup_steps (global_step > warm-up)
+    threshold = thr if (penalty_filtering and step > warmup) else None
     if not compute_invariance and alpha_f != 0.0:
         raise ValueError(
             f"compute_invariance=False skips the KL term, but alpha={alpha_f} adds it to the loss; "

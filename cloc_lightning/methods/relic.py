@@ -19,9 +19,12 @@ networks, the schedules and the batching around it.
   ``torch._foreach_lerp_``: ``target <- beta * target + (1 - beta) * online``, right
   after the optimiser step (:meth:`ReLICModule.optimizer_step`).
 * **Schedules**: beta follows the cosine schedule of the ReLIC paper (BYOL's), from
-  ``beta`` at step 0 to 1 at the last step (``trainer.estimated_stepping_batches``);
-  gamma (the confidence penalty exponent) decays with a cosine from ``gamma`` to 0 over
-  ``gamma_scaling_steps`` when ``use_gamma_scaling`` (the seed's curriculum), else stays.
+  ``beta`` at step 0 to 1 at the last step (``trainer.estimated_stepping_batches``;
+  ``beta_schedule='relic'``), or the seed script's variant (``beta_schedule='scl_train'``:
+  a horizon two epochs longer than the run, minus ``update_beta_after_step``, and the
+  coefficient of the previous EMA step -- :func:`scl_train_beta`); gamma (the confidence
+  penalty exponent) decays with a cosine from ``gamma`` to 0 over ``gamma_scaling_steps``
+  when ``use_gamma_scaling`` (the seed's curriculum), else stays.
 * **Multi-crop**: the data module yields ``num_global_views`` global then
   ``num_local_views`` local views (:class:`~cloc_lightning.data.MultiCropViews`); the
   target sees only the global views, the online network all of them, and the loss is
@@ -51,9 +54,14 @@ from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineLinearProbe, knn_predict
 from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
 
-__all__ = ["ReLICModule", "cosine_beta", "cosine_gamma", "ema_update_", "copy_module_state_"]
+__all__ = [
+    "ReLICModule", "cosine_beta", "cosine_gamma", "scl_train_beta", "scl_train_beta_horizon", "ema_update_",
+    "copy_module_state_",
+]
 
 Negatives = Literal["mini_batch", "full_batch"]
+EncoderBN = Literal["train", "frozen_stats"]
+BetaSchedule = Literal["relic", "scl_train"]
 
 
 # ---------------------------------------------------------------------- schedules
@@ -67,6 +75,32 @@ def cosine_beta(step: int, total_steps: int, beta0: float) -> float:
         return 1.0
     progress = min(max(step, 0), total_steps) / total_steps
     return 1.0 - (1.0 - beta0) * (math.cos(math.pi * progress) + 1.0) / 2.0
+
+
+def scl_train_beta_horizon(steps_per_epoch: int, epochs: int, update_beta_after_step: int) -> int:
+    """The seed script's cosine horizon ``K = steps_per_epoch * (epochs + 2) - update_beta_after_step``.
+
+    ``train.py`` of the seed (``total_num_steps``): two epochs longer than the run, so
+    its beta never reaches 1 (at least 1 here, for degenerate tiny runs).
+    """
+    return max(1, steps_per_epoch * (epochs + 2) - update_beta_after_step)
+
+
+def scl_train_beta(step: int, horizon: int, beta0: float, update_beta_after_step: int = 1, every_n_steps: int = 1) -> float:
+    """EMA coefficient the seed's ``train.py`` applies after optimiser step ``step`` (an EMA step).
+
+    The seed applies the coefficient it computed at its *previous* EMA step and only then
+    computes the next one, so the schedule lags one EMA step: ``beta0`` at the first EMA
+    step (the first ``k > update_beta_after_step`` divisible by ``every_n_steps``), then
+    ``cosine_beta(step - every_n_steps, horizon, beta0)``.  With the horizon of
+    :func:`scl_train_beta_horizon` it stays below 1 to the end of the run.  Only
+    meaningful for EMA steps (the caller copies on ``step <= update_beta_after_step`` and
+    skips steps not divisible by ``every_n_steps``).
+    """
+    previous = step - every_n_steps
+    if previous <= update_beta_after_step:
+        return float(beta0)
+    return cosine_beta(previous, horizon, beta0)
 
 
 def cosine_gamma(step: int, total_steps: int, gamma0: float) -> float:
@@ -134,7 +168,8 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
     (set ``data.train_views`` to :class:`~cloc_lightning.data.MultiCropViews` with the
     same counts).  Every view goes through the online network separately (BatchNorm
     statistics per view, as the seed); the global views also through the target network
-    (no gradients, train mode: BatchNorm batch statistics, as the seed and BYOL).  The
+    (no gradients, train mode: BatchNorm batch statistics, as BYOL and the seed's
+    ``train.py``; the encoders' BatchNorm follows ``encoder_bn``, see below).  The
     loss of the online projections ``x`` against the target projections ``x'`` is
     :class:`~cloc_lightning.losses.sigmoid.SigmoidContrastiveLoss` (owning the learnable
     logit scale ``tau`` and bias ``b``), averaged over the (target ``i``, online ``j``,
@@ -171,6 +206,24 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
       with gradients and back-propagated with its slice of that gradient.  Costs one
       extra forward pass of the online network per step.
 
+    **Encoder BatchNorm** (``encoder_bn``): ``'train'`` (default) trains the online
+    encoder's BatchNorm layers normally (batch statistics, running statistics updated)
+    and runs the target encoder in train mode too.  ``'frozen_stats'`` keeps every
+    BatchNorm layer of the online *and* target encoders in eval mode while training: they
+    normalise with their running statistics, which never move (PyTorch's initial 0 / 1,
+    or whatever ``init_from``/``pretrained`` loaded), so they act as fixed affine layers
+    whose weight and bias are still trained (online) and EMA-averaged (target); the
+    projectors' BatchNorm keeps batch statistics.  That is the state the seed's ``ReLIC``
+    *constructor* leaves its encoder in (its ``get_feature_size`` calls ``encoder.eval()``
+    and nothing in the class switches it back), so a loop that uses the class without
+    ``.train()`` trains that way.  The seed's own ``train.py``, however, calls
+    ``torchinfo.summary(model)`` right after construction, and torchinfo (every version
+    the seed allows, >= 1.8) ends with ``model.train(previous_mode)`` -- ``train(True)``
+    on the whole model, encoder included -- so the seed's published runs trained the
+    encoder's BatchNorm normally, as ``'train'`` does.  The mode is re-applied whenever
+    the module is switched to training (:meth:`train`) and at every training epoch start
+    (Lightning then reports "modules in eval mode at the start of training": expected).
+
     **Mixed precision**: use the Trainer's ``precision`` (``16-mixed``, ``bf16-mixed``);
     the networks run under autocast, the loss always in float32 (autocast disabled),
     which keeps ``exp(tau)``, the sigmoid and the KL term finite.
@@ -184,7 +237,8 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
     training-time monitor: the bank is not checkpointed and is cleared when weights are
     loaded, so ``test`` reports the probe only).  Checkpoints record
     :attr:`encoder_prefix` (``'target_encoder.'``), so ``cloc-lightning probe --ckpt``
-    (add ``--normalize true`` for the normalised features) and
+    (add ``--normalize true`` for the normalised features, or ``--preset sigmoid_cl`` for
+    the seed's whole protocol) and
     ``LinearProbeModule(encoder_ckpt=..., normalize_features=True)`` evaluate the target
     encoder.  The target is part of the ``state_dict``: checkpoints hold it and
     ``--ckpt_path`` resumes it.
@@ -196,6 +250,15 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
         projector_dim: output dimension of the projector (seed ``--proj_out_dim``, 64).
         beta: initial EMA coefficient beta_0 (seed ``--beta``; its CLI default is 0.995,
             its README commands use 0.99).
+        beta_schedule: ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
+            the run's last optimiser step (ReLIC / BYOL).  ``'scl_train'``: the seed script's
+            schedule -- horizon ``steps_per_epoch * (max_epochs + 2) - update_beta_after_step``
+            (:func:`scl_train_beta_horizon`; with ``max_steps`` the run's steps plus two
+            epochs) and a one-EMA-step lag (:func:`scl_train_beta`), so beta never reaches 1.
+        encoder_bn: BatchNorm mode of the online and target *encoders* during training:
+            ``'train'`` (default; what the seed's ``train.py`` does) or ``'frozen_stats'``
+            (eval-mode BatchNorm: fixed running statistics, trained affine parameters; the
+            state the seed's ``ReLIC`` class is constructed in).  See "Encoder BatchNorm" above.
         update_beta_after_step: the target is a copy of the online network after every
             optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after.
         update_beta_every_n_steps: EMA update only after steps ``k`` divisible by this.
@@ -255,6 +318,8 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
         beta: float = 0.99,
         update_beta_after_step: int = 1,
         update_beta_every_n_steps: int = 1,
+        beta_schedule: BetaSchedule = "relic",
+        encoder_bn: EncoderBN = "train",
         alpha: float = 1.0,
         gamma: float = 1.0,
         use_gamma_scaling: bool = False,
@@ -301,6 +366,10 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
             raise ValueError(f"update_beta_after_step must be >= 0, got {update_beta_after_step}")
         if update_beta_every_n_steps < 1:
             raise ValueError(f"update_beta_every_n_steps must be >= 1, got {update_beta_every_n_steps}")
+        if beta_schedule not in ("relic", "scl_train"):
+            raise ValueError(f"beta_schedule must be 'relic' or 'scl_train', got {beta_schedule!r}")
+        if encoder_bn not in ("train", "frozen_stats"):
+            raise ValueError(f"encoder_bn must be 'train' or 'frozen_stats', got {encoder_bn!r}")
         if alpha < 0 or gamma < 0:
             raise ValueError(f"alpha and gamma must be >= 0, got alpha={alpha}, gamma={gamma}")
         if gamma_scaling_steps < 1:
@@ -332,6 +401,7 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
         self.num_local_views = num_local_views
         self.mini_batch_size = mini_batch_size
         self.negatives: Negatives = negatives
+        self.encoder_bn: EncoderBN = encoder_bn
         # one backward per mini-batch inside the step needs manual optimisation (see the class docstring)
         self.automatic_optimization = mini_batch_size is None
         self.projector = self.build_projector()
@@ -346,6 +416,29 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
         self._pending_step = 0  # index of the optimiser step the current batch contributes to
         self._knn_features: torch.Tensor | None = None
         self._knn_labels: torch.Tensor | None = None
+        self._apply_encoder_bn_mode()
+
+    # ------------------------------------------------------------------ BatchNorm mode
+    def _apply_encoder_bn_mode(self) -> None:
+        """``encoder_bn='frozen_stats'``: put every BatchNorm of the online and target encoders in eval mode."""
+        if getattr(self, "encoder_bn", "train") != "frozen_stats":
+            return
+        for encoder in (self.backbone, self.target_encoder):
+            for module in encoder.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+
+    def train(self, mode: bool = True) -> "ReLICModule":
+        """``nn.Module.train``, then the encoders' BatchNorm mode of ``encoder_bn`` (kept in eval with ``'frozen_stats'``)."""
+        super().train(mode)
+        if mode:
+            self._apply_encoder_bn_mode()
+        return self
+
+    def on_train_epoch_start(self) -> None:
+        """Re-apply ``encoder_bn`` (in case something switched the encoders to training behind :meth:`train`)."""
+        super().on_train_epoch_start()
+        self._apply_encoder_bn_mode()
 
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
@@ -457,9 +550,38 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
         """Index (0-based) of the optimiser step the current batch contributes to."""
         return int(self.trainer.global_step) if self._trainer is not None else 0
 
+    def _steps_per_epoch(self) -> int:
+        """Optimiser steps per training epoch (the seed's ``len(train_loader)``)."""
+        self._total_steps()  # makes the Trainer set up the training data
+        batches = float(self.trainer.num_training_batches)
+        if not math.isfinite(batches):
+            raise RuntimeError("beta_schedule='scl_train' needs a training loader with a length (steps per epoch)")
+        return max(1, math.ceil(int(batches) / max(1, int(self.trainer.accumulate_grad_batches))))
+
+    def beta_horizon(self) -> int:
+        """Steps over which beta's cosine runs: the run's steps (``'relic'``), or the seed script's horizon (``'scl_train'``).
+
+        ``'scl_train'``: ``steps_per_epoch * (epochs + 2) - update_beta_after_step``, computed as
+        the run's optimiser steps plus two epochs (the same when ``max_epochs`` bounds the run).
+        """
+        total = self._total_steps()
+        if self.hparams.get("beta_schedule", "relic") != "scl_train":
+            return total
+        per_epoch = self._steps_per_epoch()
+        return max(1, total + 2 * per_epoch - int(self.hparams.update_beta_after_step))
+
     def beta_at(self, step: int) -> float:
-        """Scheduled EMA coefficient of optimiser step ``step`` (cosine from ``beta`` to 1 over the run)."""
-        return cosine_beta(step, self._total_steps(), float(self.hparams.beta))
+        """EMA coefficient applied after optimiser step ``step`` when it is an EMA step.
+
+        ``'relic'``: cosine from ``beta`` to 1 over the run (:func:`cosine_beta`);
+        ``'scl_train'``: the seed script's lagged value (:func:`scl_train_beta`).
+        """
+        h = self.hparams
+        if h.get("beta_schedule", "relic") == "scl_train":
+            return scl_train_beta(
+                step, self.beta_horizon(), float(h.beta), int(h.update_beta_after_step), int(h.update_beta_every_n_steps)
+            )
+        return cosine_beta(step, self._total_steps(), float(h.beta))
 
     def gamma_at(self, step: int) -> float:
         """Confidence-penalty exponent of step ``step`` (cosine decay if ``use_gamma_scaling``, else ``gamma``)."""
