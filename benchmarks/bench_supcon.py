@@ -2,7 +2,8 @@
 
 Run with ``python -m benchmarks.bench_supcon`` (``--quick`` for a small smoke run).
 Main case: batch 2048 x 2 views, dim 128, 100 classes, temperature 0.07
-(``base_temperature = temperature`` everywhere, so all values must agree):
+(``base_temperature = temperature`` passed explicitly everywhere -- at T = 0.07 it is
+also SupContrast's and our default 0.07 -- so all values must agree):
 
 * ``ours (dense)``  -- :class:`cloc_lightning.losses.supcon.SupConLoss` with ``tile_size=None``
   (what ``'auto'`` picks at this size);
@@ -55,11 +56,11 @@ def _inputs(n: int, views: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, 
 
 def _loss_fn(impl: str, tile: int = TILE) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     if impl == "ours_dense":
-        return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, tile_size=None)
+        return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE, tile_size=None)
     if impl == "ours_tiled":
-        return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, tile_size=tile)
+        return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE, tile_size=tile)
     if impl == "ours_auto":
-        return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, tile_size="auto")
+        return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE, tile_size="auto")
     if impl == "supcontrast":
         return lambda f, y: supcon_reference(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE)
     if impl == "pml":

@@ -3,7 +3,9 @@
 The reference below walks anchors, contrast entries and positives one by one in
 float64 (autograd through the loop gives its gradients); it shares no code with
 ``cloc_lightning.losses.supcon``.  Anchors without positives contribute 0 and the
-mean runs over all anchors (SupContrast PR #142).
+mean runs over all anchors (SupContrast PR #142).  As SupContrast's ``losses.py``, the
+loss is scaled by ``temperature / base_temperature`` with ``base_temperature`` 0.07 by
+default (``None``: tied to the temperature, no scaling).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def reference_per_anchor(
     mask: torch.Tensor | None = None,
     temperature: float = 0.07,
     contrast_mode: str = "all",
-    base_temperature: float | None = None,
+    base_temperature: float | None = 0.07,
 ) -> torch.Tensor:
     """Per-anchor losses, one Python step per anchor / contrast entry / positive."""
     bsz, n_views, _ = features.shape
@@ -143,12 +145,14 @@ def test_temperatures_and_base_temperature(temperature: float, base_temperature:
         _close(grad, ref_grad)
 
 
-def test_base_temperature_none_means_no_rescaling_and_reference_scaling() -> None:
+def test_base_temperature_none_means_no_rescaling_and_the_default_is_the_references() -> None:
     feats, labels = _features(6, 2, seed=4), _labels(6, seed=4)
-    plain = supcon_loss(feats, labels, temperature=0.5)
-    scaled = supcon_loss(feats, labels, temperature=0.5, base_temperature=0.07)
-    # SupContrast's fixed base 0.07 multiplies the loss by T / 0.07
-    _close(scaled, plain * (0.5 / 0.07))
+    plain = supcon_loss(feats, labels, temperature=0.5, base_temperature=None)
+    default = supcon_loss(feats, labels, temperature=0.5)
+    # SupContrast's fixed base 0.07 (our default) multiplies the loss by T / 0.07
+    _close(default, plain * (0.5 / 0.07))
+    _close(supcon_loss(feats, labels, temperature=0.5, base_temperature=0.07), default)
+    _close(plain, reference_loss(feats, labels, temperature=0.5, base_temperature=0.5))
 
 
 def test_supervised_with_distinct_labels_equals_simclr() -> None:
@@ -339,7 +343,8 @@ def test_check_finite_false_skips_the_check() -> None:
 
 def test_module_repr_and_defaults() -> None:
     loss = SupConLoss()
-    assert loss.temperature == 0.07 and loss.base_temperature is None and loss.contrast_mode == "all"
+    assert loss.temperature == 0.07 and loss.base_temperature == 0.07 and loss.contrast_mode == "all"
+    assert SupConLoss(0.5, base_temperature=None).base_temperature is None  # tied to the temperature
     assert "tile_size='auto'" in repr(loss)
     assert list(loss.parameters()) == []
 

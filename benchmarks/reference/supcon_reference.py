@@ -8,7 +8,7 @@ tensor operations as that code so that its speed and memory are representative:
 the full ``[N_a, N]`` logits, the tiled ``[N_a, N]`` positive mask built with
 ``repeat``, the ``[N_a, N]`` self-exclusion mask built with ``scatter``, the
 masked ``exp`` and the masked ``log_prob``.  ``base_temperature`` defaults to 0.07
-as in the reference.  Not used by the library; see
+as in the reference (and in :class:`cloc_lightning.losses.SupConLoss`).  Not used by the library; see
 :mod:`cloc_lightning.losses.supcon` for the real loss.
 """
 

@@ -369,6 +369,24 @@ class ResumableDataLoader(DataLoader):
             )
 
 
+#: ``rrc_scale`` default: RandomResizedCrop keeps 50-100 % of the image area
+DEFAULT_RRC_SCALE: tuple[float, float] = (0.5, 1.0)
+
+
+def _check_rrc_scale(value: Any) -> tuple[float, float]:
+    """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a :class:`DataConfigError`."""
+    hint = "give two numbers [min, max] with 0 < min <= max <= 1, e.g. rrc_scale: [0.2, 1.0] (SupContrast)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise DataConfigError(f"rrc_scale must be a pair [min, max] of image-area fractions, got {value!r}; {hint}")
+    lo, hi = value
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise DataConfigError(f"rrc_scale entries must be finite numbers, got {list(value)!r}; {hint}")
+    if not 0.0 < lo <= hi <= 1.0:
+        raise DataConfigError(f"rrc_scale={list(value)!r} is not a valid crop-area range; {hint}")
+    return (float(lo), float(hi))
+
+
 def _auto_workers() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, max(0, cpus - 1))
@@ -392,6 +410,12 @@ class BaseDataModule(L.LightningDataModule):
         pin_memory: pin host memory (useful on GPU).
         image_size: side of the square images fed to the model.
         augment: single-view training augmentation (see :func:`train_transform`).
+        rrc_scale: ``(min, max)`` area fraction of the RandomResizedCrop of ``augment:
+            rrc_flip``, with ``0 < min <= max <= 1`` (default ``(0.5, 1.0)``; SupContrast's
+            ``main_ce.py`` / ``main_linear.py`` use ``(0.2, 1.0)``).  Only the single-view
+            ``rrc_flip`` pipeline reads it: ``train_views`` carry their own crop scales
+            (``SupConViews.scale``, default ``(0.2, 1.0)`` as SupContrast's
+            ``main_supcon.py``; ``MultiCropViews.global_scale`` / ``local_scale``).
         train_views: multi-view hook; e.g. ``SupConViews(n_views=2)`` or
             ``MultiCropViews(2, 6)``; ``None`` = single view.
         mean, std: normalisation (default: the data module's own, ImageNet's here).
@@ -423,6 +447,7 @@ class BaseDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         image_size: int = 32,
         augment: Augment = "crop_flip",
+        rrc_scale: tuple[float, float] = DEFAULT_RRC_SCALE,
         train_views: ViewTransform | None = None,
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
@@ -452,6 +477,18 @@ class BaseDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.image_size = image_size
         self.augment = augment
+        self.rrc_scale = _check_rrc_scale(rrc_scale)
+        if self.rrc_scale != DEFAULT_RRC_SCALE and (augment != "rrc_flip" or train_views is not None):
+            why = (
+                "train_views is set and the views use their own crop scale (e.g. SupConViews.scale)"
+                if train_views is not None
+                else f"augment is {augment!r}; set augment: rrc_flip to use it"
+            )
+            warnings.warn(
+                f"data.rrc_scale={list(self.rrc_scale)} has no effect: it is the crop of the single-view "
+                f"augment: rrc_flip, but {why}",
+                stacklevel=2,
+            )
         self.train_views = train_views
         self.mean = tuple(mean) if mean is not None else self.default_mean
         self.std = tuple(std) if std is not None else self.default_std
@@ -495,7 +532,7 @@ class BaseDataModule(L.LightningDataModule):
         """The training transform: the multi-view hook if set, else the single-view augmentation."""
         if self.train_views is not None:
             return self.train_views.build(self.image_size, self.mean, self.std)
-        return train_transform(self.image_size, self.mean, self.std, self.augment)
+        return train_transform(self.image_size, self.mean, self.std, self.augment, rrc_scale=self.rrc_scale)
 
     def eval_image_transform(self) -> Callable[[Any], Any]:
         """The validation/test transform (resize + normalise)."""

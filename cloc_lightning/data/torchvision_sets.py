@@ -280,7 +280,7 @@ class CIFAR10DataModule(_TorchvisionFilesDataModule):
             index); 0 validates on the test set (as SupContrast's scripts).
         download_timeout: seconds for the reachability check (and 6x for socket reads).
         **kwargs: :class:`~cloc_lightning.data.base.BaseDataModule` arguments
-            (``batch_size``, ``train_views``, ``few_shot``, ``augment``, ...).
+            (``batch_size``, ``train_views``, ``few_shot``, ``augment``, ``rrc_scale``, ...).
             Normalisation defaults to CIFAR-10's mean/std; image size 32.
 
     Example::

@@ -6,8 +6,9 @@ loss of T. Chen et al., "A Simple Framework for Contrastive Learning of Visual
 Representations" (SimCLR), ICML 2020 (arXiv:2002.05709).
 
 Reference code: ``HobbitLong/SupContrast`` ``losses.py`` (the authors' code),
-including the fix of its PR #142 for anchors without positives.  The
-differences to that code are deliberate and documented on :class:`SupConLoss`.
+including the fix of its PR #142 for anchors without positives.  Its defaults are
+ours (``temperature=0.07``, ``base_temperature=0.07``); the remaining differences
+are documented on :class:`SupConLoss`.
 
 How it is computed (no ``[N, N]`` masks are ever built):
 
@@ -39,11 +40,16 @@ from cloc_lightning import distributed as dist_utils
 __all__ = [
     "SupConLoss",
     "supcon_loss",
+    "DEFAULT_BASE_TEMPERATURE",
     "AUTO_DENSE_MAX_ELEMENTS",
     "AUTO_TILE_ELEMENTS",
 ]
 
 TileSize = Union[int, None, Literal["auto"]]
+
+#: SupContrast's ``base_temperature`` (``losses.py``): the loss is multiplied by
+#: ``temperature / base_temperature``, and this stays 0.07 whatever the temperature.
+DEFAULT_BASE_TEMPERATURE: float = 0.07
 
 #: ``tile_size='auto'`` uses the dense path while the similarity matrix has at
 #: most this many entries (``N_anchor * N_contrast``; 2**25 float32 = 128 MiB,
@@ -310,7 +316,7 @@ def supcon_loss(
     *,
     temperature: float = 0.07,
     contrast_mode: Literal["all", "one"] = "all",
-    base_temperature: float | None = None,
+    base_temperature: float | None = DEFAULT_BASE_TEMPERATURE,
     gather_distributed: bool = False,
     tile_size: TileSize = "auto",
     check_finite: bool = True,
@@ -414,10 +420,12 @@ class SupConLoss(nn.Module):
       *all* anchors, exactly as SupContrast after its PR #142 (pytorch-metric-learning's
       ``AvgNonZeroReducer`` instead averages over non-zero losses only).  A batch in
       which no anchor has a positive gives loss 0 with zero gradients, never NaN.
-    * **base_temperature**: ``None`` (default) means ``T_b = T``, i.e. no rescaling
-      -- the plain SupCon/NT-Xent loss.  The reference code keeps ``T_b = 0.07``
-      even when ``T`` changes, which scales the loss (and the gradients) by
-      ``T / 0.07``; pass ``base_temperature=0.07`` to reproduce it.
+    * **base_temperature** ``T_b`` (default 0.07, as SupContrast): the loss is
+      multiplied by ``T / T_b``, so at ``T = 0.1`` it is 1.43x and at ``T = 0.5``
+      (SimCLR) 7.1x the plain loss -- with SGD this acts like a larger learning rate.
+      ``base_temperature=None`` ties ``T_b`` to ``T`` (factor 1: the plain loss of the
+      paper's eq. 2, and pytorch-metric-learning's ``SupConLoss``).  At ``T = 0.07``
+      both are the same.
     * A float ``mask`` acts as weights: the mean over positives becomes
       ``sum_p w_ap log_prob / sum_p w_ap``, as in the reference.
     * Computed in float32 (float64 inputs stay float64) with autocast disabled, so bf16
@@ -439,16 +447,17 @@ class SupConLoss(nn.Module):
       process it changes nothing.
     * Not twice differentiable (the log-sum-exp backward is analytic).
 
-    Reference code: https://github.com/HobbitLong/SupContrast (``losses.py``, PR #142).
-    Differences: ``base_temperature`` defaults to ``T`` (see above); features must be
-    exactly 3-D; no ``[N, N]`` masks are built.
+    Reference code: https://github.com/HobbitLong/SupContrast (``losses.py``, PR #142),
+    with the same defaults.  Differences: features must be exactly 3-D (the reference
+    flattens trailing dimensions); no ``[N, N]`` masks are built.
 
     Args:
         temperature: ``T`` > 0 (the paper's 0.07 for SupCon; SimCLR often 0.1-0.5).
             A fixed hyper-parameter (a float, not a buffer): modules store it with
             their hyper-parameters.
         contrast_mode: ``'all'`` or ``'one'``.
-        base_temperature: ``T_b`` > 0 or ``None`` (= ``temperature``).
+        base_temperature: ``T_b`` > 0 (default 0.07, SupContrast's), or ``None`` = tied
+            to ``temperature`` (no rescaling).
         gather_distributed: gather the contrast set over all ranks (see above).
         tile_size: ``'auto'``, ``None`` (dense) or rows per block (int >= 1).
         check_finite: raise a ValueError on NaN/inf features (one ``isfinite`` pass).
@@ -473,7 +482,7 @@ class SupConLoss(nn.Module):
         self,
         temperature: float = 0.07,
         contrast_mode: Literal["all", "one"] = "all",
-        base_temperature: float | None = None,
+        base_temperature: float | None = DEFAULT_BASE_TEMPERATURE,
         *,
         gather_distributed: bool = False,
         tile_size: TileSize = "auto",

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from cloc_lightning.losses.supcon import SupConLoss
+from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
 from cloc_lightning.methods.base import BaseModule, OnlineProbeEvalMixin, OptimizerName, SchedulerName
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineLinearProbe
@@ -55,9 +55,9 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         method: ``supcon`` (labels) or ``simclr`` (no labels).
         temperature: loss temperature; ``None`` = 0.1 for supcon, 0.5 for simclr
             (the SupContrast README's CIFAR commands).
-        base_temperature: ``None`` = ``temperature`` (plain loss); the reference code
-            keeps 0.07, which scales the loss by ``temperature / 0.07`` -- pass
-            ``0.07`` to reproduce it exactly.
+        base_temperature: 0.07 (default, SupContrast's ``losses.py``): the loss is
+            scaled by ``temperature / 0.07`` (1.43x at 0.1, 7.1x at SimCLR's 0.5);
+            ``None`` ties it to ``temperature`` (the plain, unscaled loss).
         contrast_mode: ``all`` (every view is an anchor) or ``one`` (view 0 only).
         n_views: views per image the data module must deliver (checked every batch).
         projector_hidden_dim: hidden width of the projector (``None`` = feature dim).
@@ -73,9 +73,14 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
             warmup_epochs, min_lr_ratio: as :class:`~cloc_lightning.methods.base.BaseModule`,
             with SupContrast's defaults: SGD (momentum 0.9, weight decay 1e-4), lr 0.05
             (its default for batch 256; the README's batch 1024 uses 0.5), cosine to
-            ``lr * 1e-3`` after a linear warm-up.
+            ``lr * 1e-3`` after a linear warm-up.  The defaults run that cosine per step
+            after a warm-up from ~0 on timm's initialisation; SupContrast's exact
+            schedule (per epoch, warm-up from 0.01 with ``--warm``) and ResNet
+            initialisation are ``lr_interval: epoch``, ``warmup_from: 0.01`` and
+            ``backbone_init: kaiming`` (as in ``configs/supcon/cifar10.yaml``).
         **kwargs: other :class:`~cloc_lightning.methods.base.BaseModule` arguments
-            (``pretrained``, ``backbone_kwargs``, ``nesterov``, ``lr_milestones``, ``init_from``, ...).
+            (``pretrained``, ``backbone_kwargs``, ``nesterov``, ``lr_milestones``, ``lr_interval``,
+            ``warmup_from``, ``backbone_init``, ``init_from``, ...).
 
     Example::
 
@@ -94,7 +99,7 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         self,
         method: Literal["supcon", "simclr"] = "supcon",
         temperature: float | None = None,
-        base_temperature: float | None = None,
+        base_temperature: float | None = DEFAULT_BASE_TEMPERATURE,
         contrast_mode: Literal["all", "one"] = "all",
         n_views: int = 2,
         projector_hidden_dim: int | None = None,
@@ -163,7 +168,8 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         return SupConLoss(
             temperature=self.temperature,
             contrast_mode=h.get("contrast_mode", "all"),
-            base_temperature=h.get("base_temperature"),
+            # checkpoints of older versions stored ``None`` (then the default: tied) and keep that meaning
+            base_temperature=h.get("base_temperature", DEFAULT_BASE_TEMPERATURE),
             gather_distributed=bool(h.get("gather_distributed", True)),
         )
 
