@@ -92,6 +92,12 @@ class OffByOneAccuracy(_MeanMetric):
         return ((scores.argmax(dim=1) - target).abs() <= self.tolerance).float()
 
 
+# Both collections use ``compute_groups=False``: torchmetrics merges metrics whose states are
+# equal after the first ``update`` and keeps the merge for the collection's life.  Our mean
+# metrics share one state layout, so a first batch in which every error was exactly 1 rank
+# (MAE = 1 = the ±1 accuracy) made ``mae`` report ``acc_pm1`` for the rest of the run.
+
+
 def ordinal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
     """MAE (arg-max and expected rank), accuracy, QWK and ±1 accuracy."""
     return MetricCollection(
@@ -103,6 +109,7 @@ def ordinal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
             "acc_pm1": OffByOneAccuracy(1),
         },
         prefix=prefix,
+        compute_groups=False,
     )
 
 
@@ -111,7 +118,7 @@ def nominal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
     metrics: dict[str, Metric] = {"acc": MulticlassAccuracy(num_classes=num_classes, average="micro")}
     if num_classes >= 5:
         metrics["acc_top5"] = MulticlassAccuracy(num_classes=num_classes, average="micro", top_k=5)
-    return MetricCollection(metrics, prefix=prefix)
+    return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 
 def build_metrics(task: Literal["ordinal", "nominal"], num_classes: int, prefix: str = "") -> MetricCollection:

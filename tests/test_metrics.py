@@ -78,3 +78,14 @@ def test_bad_shapes_raise() -> None:
     with pytest.raises(ValueError, match=r"scores \[B, C\]"):
         ArgmaxMAE().update(torch.zeros(3), torch.zeros(3, dtype=torch.long))
     assert math.isfinite(float(ArgmaxMAE().compute()))  # empty metric: 0, not NaN
+
+
+def test_metrics_are_not_merged_by_equal_first_batches() -> None:
+    """A first batch where every error is exactly 1 rank (MAE 1 = ±1 accuracy 1) must not tie ``mae`` to ``acc_pm1``."""
+    m = ordinal_metrics(6, prefix="val/")
+    m.update(_one_hot_scores([1, 2, 3, 4], 6), torch.tensor([0, 1, 2, 3]))  # errors 1 1 1 1
+    m.update(_one_hot_scores([5, 0, 5, 0], 6), torch.tensor([0, 5, 2, 3]))  # errors 5 5 3 3
+    out = {k: float(v) for k, v in m.compute().items()}
+    errors = np.array([1, 1, 1, 1, 5, 5, 3, 3])
+    assert out["val/mae"] == pytest.approx(errors.mean())  # 2.5
+    assert out["val/acc_pm1"] == pytest.approx((errors <= 1).mean())  # 0.5
