@@ -149,8 +149,9 @@ def _softmax_lse(v: np.ndarray) -> float:
     return m + math.log(float(np.sum(np.exp(v - m))))
 
 
-def supcon_reference(features: np.ndarray, labels: np.ndarray | None, t: float) -> float:
-    """SupCon ``L_out`` (Khosla et al. 2020, eq. 2), SimCLR without labels; anchors without positives give 0."""
+def supcon_reference(features: np.ndarray, labels: np.ndarray | None, t: float, base_t: float = 0.07) -> float:
+    """SupCon ``L_out`` (Khosla et al. 2020, eq. 2) scaled by ``t / base_t`` as SupContrast's ``losses.py``
+    (``base_temperature`` 0.07 there); SimCLR without labels; anchors without positives give 0."""
     b, v, _ = features.shape
     z = features.transpose(1, 0, 2).reshape(v * b, -1)
     ids = np.tile(labels if labels is not None else np.arange(b), v)
@@ -162,7 +163,7 @@ def supcon_reference(features: np.ndarray, labels: np.ndarray | None, t: float) 
             losses.append(0.0)
             continue
         lse = _softmax_lse(np.array([z[a] @ z[k] / t for k in others]))
-        losses.append(float(np.mean([lse - z[a] @ z[p] / t for p in pos])))
+        losses.append(t / base_t * float(np.mean([lse - z[a] @ z[p] / t for p in pos])))
     return float(np.mean(losses))
 
 
