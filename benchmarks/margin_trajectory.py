@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> str:
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("optimiser step")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("margin (softplus of the raw parameter)")
+    axes[0][0].set_ylabel("margin between adjacent classes")
     axes[0][-1].legend(fontsize=7, ncol=2, loc="best")
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> str:
     names = runs[0][1]["names"]
     short = [n.split("/", 1)[1] for n in names]
     lines = [
-        f"Margins at the freeze (last value logged before epoch {args.freeze_epoch}) and their start values:",
+        f"Margins when first logged and at the freeze (last value logged before epoch {args.freeze_epoch}):",
         "",
         "| run | when | " + " | ".join(short) + " | mean |",
         "|---|---|" + "---|" * (len(short) + 1),
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> str:
     for label, m in runs:
         start = {n: m["values"][n][0] for n in m["names"]}
         frozen = _at_freeze(m, args.freeze_epoch)
-        for when, vals in (("step 0", start), ("freeze", frozen)):
+        for when, vals in ((f"step {m['step'][0]} (first logged)", start), ("freeze", frozen)):
             row = [vals.get(n, math.nan) for n in names]
             lines.append(f"| {label} | {when} | " + " | ".join(f"{v:.3f}" for v in row) + f" | {sum(row) / len(row):.3f} |")
     md = "\n".join(lines) + f"\n\n![margin trajectories]({png.name})\n"

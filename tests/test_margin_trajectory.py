@@ -25,7 +25,7 @@ def test_margins_at_freeze_and_plot(tmp_path: Path) -> None:
     md = margin_trajectory.main(["--run", f"a=b={tmp_path / 'metrics.csv'}", "--freeze-epoch", "2", "--out", str(tmp_path / "m")])
     # last value logged before epoch 2 is at step 15: 0.85 and 0.65
     assert "| a=b | freeze | 0.850 | 0.650 | 0.750 |" in md
-    assert "| a=b | step 0 | 1.000 | 0.500 | 0.750 |" in md
+    assert "| a=b | step 0 (first logged) | 1.000 | 0.500 | 0.750 |" in md
     assert (tmp_path / "m.png").stat().st_size > 1000
 
 
