@@ -36,6 +36,7 @@ from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
 from tests.conftest import TINY_BACKBONE
+from tests.test_fidelity_schedule import supcontrast_lrs  # the seed's per-step learning rates (one reference)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,29 +176,6 @@ def test_supervised_and_linear_configs_state_the_seeds_settings() -> None:
     assert d["val_fraction"] == 0.0 and d["mean"] == SEED_CIFAR10_MEAN and d["std"] == SEED_CIFAR10_STD
 
 
-def seed_learning_rates(
-    lr: float, epochs: int, n_batches: int, cosine: bool, warm: bool, decay_epochs: list[int], rate: float
-) -> list[float]:
-    """The learning rate of every step of the seed's training loop (``util.py``: one value per 1-based epoch,
-    overwritten per batch during the 10 warm-up epochs by a line from 0.01 to the value of epoch 10)."""
-
-    def of_epoch(epoch: int) -> float:
-        if cosine:
-            low = lr * rate**3
-            return low + (lr - low) * (1 + math.cos(math.pi * epoch / epochs)) / 2
-        return lr * rate ** len([m for m in decay_epochs if epoch > m])
-
-    start, end = 0.01, (of_epoch(10) if cosine else lr)
-    out = []
-    for epoch in range(1, epochs + 1):
-        for batch in range(n_batches):
-            if warm and epoch <= 10:
-                out.append(start + (end - start) * ((epoch - 1) * n_batches + batch) / (10 * n_batches))
-            else:
-                out.append(of_epoch(epoch))
-    return out
-
-
 def _our_learning_rates(model: L.LightningModule, epochs: int, n_batches: int) -> list[float]:
     """Every step's learning rate from the module's own ``configure_optimizers`` (a stand-in trainer of the config's size)."""
     model._trainer = SimpleNamespace(  # what configure_optimizers reads from the trainer
@@ -251,7 +229,7 @@ def test_paper_config_schedules_are_the_seeds(
     encoder = tmp_path / "encoder.pt"
     torch.save(create_backbone(TINY_BACKBONE)[0].state_dict(), encoder)
     model = _model_from(rel, encoder)
-    ref = seed_learning_rates(cfg["model"]["init_args"]["lr"], epochs, math.ceil(50_000 / seed_batch), cosine, warm, decay, rate)
+    ref = supcontrast_lrs(cfg["model"]["init_args"]["lr"], epochs, math.ceil(50_000 / seed_batch), cosine, warm, decay, rate)
     ours = _our_learning_rates(model, epochs, _our_batches_per_epoch(cfg))
     assert len(ours) == len(ref)
     assert ours == pytest.approx(ref, rel=1e-9, abs=1e-12)
