@@ -56,6 +56,22 @@ def test_training_step_is_ce_plus_weighted_cloc() -> None:
     assert torch.allclose(m.training_step((x, y), 0), expected)
 
 
+def test_training_step_logs_the_cloc_share_of_the_loss(monkeypatch) -> None:
+    # issue 17: the share says whether the CLOC term acts at all (the official reduction keeps it ~1 %)
+    torch.manual_seed(0)
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, loss_weight=0.5)
+    m.eval()
+    logged: dict[str, float] = {}
+    monkeypatch.setattr(m, "log", lambda name, value, **kw: logged.__setitem__(name, float(value)))
+    x, y = torch.randn(8, 3, 32, 32), torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    logits = m(x)
+    ce = torch.nn.functional.cross_entropy(logits, y).item()
+    cloc = m.cloc_loss(logits, y).item()
+    m.training_step((x, y), 0)
+    assert logged["train/cloc_share"] == pytest.approx(0.5 * cloc / (ce + 0.5 * cloc), rel=1e-5)
+    assert 0.0 < logged["train/cloc_share"] < 1.0
+
+
 def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
     m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=1)
     freeze, plot = CLOCMarginFreeze(freeze_at_epoch=1), CLOCMarginPlot(every_n_steps=1)

@@ -69,7 +69,10 @@ def test_fit_command_puts_seed_and_logger_last(tmp_path) -> None:
     assert "--seed_everything 2 --data.seed 2 --test_after_fit true" in s
     # order: config, data root, scale, row overrides, --extra, seeds, logger (later wins in LightningCLI)
     last_epochs = len(cmd) - 1 - cmd[::-1].index("--trainer.max_epochs")
-    assert cmd[last_epochs + 1] == "9" and last_epochs > cmd.index("--trainer.callbacks") > cmd.index("--data.image_size")
+    assert cmd[last_epochs + 1] == "9" and last_epochs > cmd.index("--data.image_size")
+    mean_row = next(r for r in table.rows if r.key == "cloc_mm_mean")
+    cmd = fit_command(table, mean_row, 0, tmp_path, SHARED_DATA, quick=False, extra=["--model.reduction", "official"])
+    assert cmd.index("--data.num_workers") < cmd.index("--model.reduction") < len(cmd) - 1 - cmd[::-1].index("--model.reduction")
     assert "lightning.pytorch.loggers.CSVLogger" in cmd
     # every row's config exists (optional rows may wait for theirs)
     for t in TABLES.values():

@@ -267,6 +267,9 @@ class CLOCModule(ClassifierModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/ce", ce, batch_size=n)
         self.log("train/cloc", cloc, batch_size=n)
+        # how much of the objective the CLOC term is (0 = switched off in effect, 0.5 = as large as CE)
+        weighted = self.hparams.loss_weight * cloc.detach()
+        self.log("train/cloc_share", weighted / (ce.detach() + weighted).clamp_min(1e-12), batch_size=n)
         self.log("train/acc", (logits.argmax(1) == y).float().mean(), batch_size=n)
         every = self.hparams.log_margins_every_n_steps
         if every and self.global_step % every == 0:
