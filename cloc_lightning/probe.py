@@ -42,11 +42,9 @@ the architecture given explicitly (``backbone=...``).
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
@@ -54,7 +52,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cloc_lightning.nn.backbones import create_backbone
+from cloc_lightning.checkpoints import (
+    DEFAULT_ENCODER_PREFIX,
+    ENCODER_META_KEY,
+    EncoderCheckpoint,
+    build_encoder,
+    encoder_metadata,
+    encoder_state_dict,
+    load_encoder,
+    load_encoder_weights,
+)
 
 __all__ = [
     "PROBE_PRESETS",
@@ -72,13 +79,6 @@ __all__ = [
     "probe_checkpoint",
     "main",
 ]
-
-#: checkpoint entry written by :func:`encoder_metadata` (class path, prefix, architecture)
-ENCODER_META_KEY = "cloc_lightning/encoder"
-#: where :class:`~cloc_lightning.methods.base.BaseModule` keeps its encoder
-DEFAULT_ENCODER_PREFIX = "backbone."
-
-_ARCH_KEYS = ("backbone", "cifar_stem", "backbone_kwargs")
 
 #: named probe protocols: the settings of :func:`logistic_regression_probe` / :func:`extract_features`
 PROBE_PRESETS: dict[str, dict[str, Any]] = {
@@ -103,183 +103,6 @@ def probe_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any
     settings = dict(PROBE_PRESETS[name])
     settings.update({k: v for k, v in overrides.items() if v is not None})
     return settings
-
-
-def encoder_metadata(module: nn.Module) -> dict[str, Any]:
-    """The ``checkpoint[ENCODER_META_KEY]`` entry of ``module``: class path, encoder prefix and architecture.
-
-    Call it from ``on_save_checkpoint``::
-
-        def on_save_checkpoint(self, checkpoint):
-            checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
-    """
-    cls = type(module)
-    hp = getattr(module, "hparams", {}) or {}
-    return {
-        "class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "prefix": getattr(module, "encoder_prefix", DEFAULT_ENCODER_PREFIX),
-        "backbone": hp.get("backbone"),
-        "cifar_stem": bool(hp.get("cifar_stem", False)),
-        "backbone_kwargs": dict(hp.get("backbone_kwargs") or {}),
-        "feature_dim": getattr(module, "feature_dim", None),
-    }
-
-
-@dataclass
-class EncoderCheckpoint:
-    """The encoder found in a checkpoint.
-
-    Attributes:
-        state_dict: the encoder's weights, keyed as in the bare encoder.
-        backbone: timm model name (``None`` if the checkpoint does not say).
-        cifar_stem: whether the CIFAR stem was applied.
-        backbone_kwargs: extra ``timm.create_model`` arguments.
-        source: what the weights were taken from (for messages).
-        class_path: the module class that wrote the checkpoint, if known.
-    """
-
-    state_dict: dict[str, torch.Tensor]
-    backbone: str | None
-    cifar_stem: bool = False
-    backbone_kwargs: dict[str, Any] = field(default_factory=dict)
-    source: str = ""
-    class_path: str | None = None
-
-    def info(self) -> dict[str, Any]:
-        """The architecture as a plain dict (stored in a LinearProbeModule's hyper-parameters)."""
-        return {
-            "backbone": self.backbone,
-            "cifar_stem": self.cifar_stem,
-            "backbone_kwargs": dict(self.backbone_kwargs),
-            "source": self.source,
-            "class_path": self.class_path,
-        }
-
-
-def _import_class(path: str | None) -> type | None:
-    if not path or "." not in path:
-        return None
-    module, _, name = path.rpartition(".")
-    try:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return None
-    return obj if isinstance(obj, type) else None
-
-
-def _read_checkpoint(path: str) -> dict[str, Any]:
-    full = os.path.expanduser(str(path))
-    if not os.path.isfile(full):
-        raise FileNotFoundError(
-            f"encoder checkpoint {str(path)!r} does not exist; give the .ckpt of a stage-one run "
-            "(e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt)"
-        )
-    try:
-        ckpt = torch.load(full, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise ValueError(f"cannot read {str(path)!r} as a PyTorch checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(ckpt, dict):
-        raise ValueError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict or state_dict")
-    return ckpt
-
-
-def _prefixes(keys: Sequence[str]) -> list[str]:
-    return sorted({k.split(".", 1)[0] + "." for k in keys if "." in k})
-
-
-def encoder_state_dict(checkpoint: dict[str, Any], source: str = "checkpoint") -> EncoderCheckpoint:
-    """The evaluation encoder of a loaded checkpoint dict (see the module docstring for the hook).
-
-    Raises:
-        ValueError: the checkpoint holds no encoder weights under the expected prefix.
-    """
-    meta = checkpoint.get(ENCODER_META_KEY) or {}
-    hparams = checkpoint.get("hyper_parameters") or {}
-    class_path = meta.get("class_path") or hparams.get("_class_path")
-    cls = _import_class(class_path)
-    arch = {k: meta.get(k, hparams.get(k)) for k in _ARCH_KEYS}
-    is_lightning = "state_dict" in checkpoint and isinstance(checkpoint["state_dict"], dict)
-    state = checkpoint["state_dict"] if is_lightning else checkpoint
-    if not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{source} is neither a Lightning checkpoint nor a state_dict of tensors")
-
-    hook: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = getattr(cls, "encoder_state_dict", None)
-    owner = class_path.rsplit(".", 1)[-1] if class_path else "an unknown module"
-    if hook is not None:
-        weights = dict(hook(checkpoint))
-        where = f"{owner}.encoder_state_dict()"
-    else:
-        prefix = meta.get("prefix") or getattr(cls, "encoder_prefix", None) or DEFAULT_ENCODER_PREFIX
-        weights = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        where = f"keys {prefix!r}* of {owner}"
-        if not weights and not is_lightning:  # a bare encoder state_dict
-            weights, where = dict(state), "a plain state_dict"
-    if not weights:
-        raise ValueError(
-            f"{source} holds no encoder weights ({where}); its weights start with {_prefixes(list(state))[:8]}. "
-            "Give a checkpoint of a pre-training module (SupConModule, CEModule, CLOCModule, ReLICModule, ...), "
-            "or a module that names its encoder with an encoder_prefix class attribute / encoder_state_dict classmethod."
-        )
-    return EncoderCheckpoint(
-        state_dict=weights,
-        backbone=arch["backbone"],
-        cifar_stem=bool(arch["cifar_stem"] or False),
-        backbone_kwargs=dict(arch["backbone_kwargs"] or {}),
-        source=f"{source} ({where})",
-        class_path=class_path,
-    )
-
-
-def load_encoder(
-    path: str,
-    backbone: str | None = None,
-    cifar_stem: bool | None = None,
-    backbone_kwargs: dict[str, Any] | None = None,
-) -> EncoderCheckpoint:
-    """Read ``path`` and return its encoder; ``backbone``/``cifar_stem``/``backbone_kwargs`` override the stored ones.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: not a checkpoint, no encoder in it, or no architecture known.
-    """
-    enc = encoder_state_dict(_read_checkpoint(path), source=repr(str(path)))
-    if backbone is not None:
-        enc.backbone = backbone
-    if cifar_stem is not None:
-        enc.cifar_stem = cifar_stem
-    if backbone_kwargs is not None:
-        enc.backbone_kwargs = dict(backbone_kwargs)
-    if not enc.backbone:
-        raise ValueError(
-            f"{str(path)!r} does not record its backbone architecture; pass it explicitly "
-            "(model.backbone / --backbone, e.g. resnet18, and cifar_stem if it was used)"
-        )
-    return enc
-
-
-def load_encoder_weights(encoder: nn.Module, enc: EncoderCheckpoint) -> None:
-    """Load ``enc.state_dict`` into ``encoder`` strictly; a clear error names the architecture mismatch."""
-    own = encoder.state_dict()
-    bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in enc.state_dict.items() if k in own and v.shape != own[k].shape]
-    missing = [k for k in own if k not in enc.state_dict]
-    unexpected = [k for k in enc.state_dict if k not in own]
-    if missing or unexpected or bad:
-        raise ValueError(
-            f"backbone mismatch: the encoder weights of {enc.source} do not fit timm {enc.backbone!r} "
-            f"(cifar_stem={enc.cifar_stem}): missing {missing[:5]}, unexpected {unexpected[:5]}, "
-            f"shape mismatches (checkpoint vs model) {bad[:5]}. "
-            "Set backbone/cifar_stem to the stage-one encoder's (or leave them unset to use the checkpoint's)."
-        )
-    encoder.load_state_dict(enc.state_dict, strict=True)
-
-
-def build_encoder(enc: EncoderCheckpoint) -> tuple[nn.Module, int]:
-    """``(encoder with the checkpoint's weights, feature_dim)``; the encoder is in eval mode."""
-    model, dim = create_backbone(enc.backbone or "", False, enc.cifar_stem, **enc.backbone_kwargs)
-    load_encoder_weights(model, enc)
-    return model.eval(), dim
 
 
 # ------------------------------------------------------------------ features

@@ -23,7 +23,7 @@ from torch import nn
 
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
-from cloc_lightning.probe import ENCODER_META_KEY, EncoderCheckpoint, encoder_metadata, load_encoder, load_encoder_weights
+from cloc_lightning.checkpoints import ENCODER_META_KEY, EncoderCheckpoint, encoder_metadata, load_encoder, load_encoder_weights
 
 __all__ = ["LinearProbeModule"]
 

@@ -610,7 +610,7 @@ class OrdinalCLIPModule(ClassifierModule):
     # ------------------------------------------------------------------ frozen-encoder probes
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the class, so :mod:`cloc_lightning.probe` finds :meth:`encoder_state_dict`."""
-        from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
+        from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_metadata
 
         super().on_save_checkpoint(checkpoint)
         checkpoint[ENCODER_META_KEY] = encoder_metadata(self)

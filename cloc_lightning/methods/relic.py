@@ -52,7 +52,7 @@ from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.base import BaseModule, OnlineProbeEvalMixin, OptimizerName, SchedulerName
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineLinearProbe, knn_predict
-from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
+from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_metadata
 
 __all__ = [
     "ReLICModule", "cosine_beta", "cosine_gamma", "scl_train_beta", "scl_train_beta_horizon", "ema_update_",

@@ -21,7 +21,7 @@ from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
 from cloc_lightning.methods.base import BaseModule, OnlineProbeEvalMixin, OptimizerName, SchedulerName
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineLinearProbe
-from cloc_lightning.probe import ENCODER_META_KEY, encoder_metadata
+from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_metadata
 
 __all__ = ["SupConModule"]
 
