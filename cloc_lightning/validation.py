@@ -1,0 +1,128 @@
+"""Argument checks shared by every layer (losses, networks, data, methods, metrics).
+
+One place for the checks so that every bad value gets the same kind of message: what
+the argument must be, what it got, and (``hint``) how to fix it.  Type problems raise
+:class:`TypeError`, bad values :class:`ValueError`; data-module code wraps them in its
+own :class:`~cloc_lightning.data.base.DataConfigError` where it needs to.
+
+Choices are derived once from the ``Literal`` types the signatures already carry, so a
+new option is added in one place (the type) and both LightningCLI and the checks see it::
+
+    Reduction = Literal["official", "mean"]
+    check_choice("reduction", reduction, Reduction)   # "reduction must be one of official|mean, got 'x'"
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import typing
+from typing import Any
+
+import torch
+
+__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor"]
+
+
+def choices(literal_type: Any) -> tuple[Any, ...]:
+    """The values a ``Literal[...]`` type allows (also inside ``Optional`` / ``Union`` of literals)."""
+    origin = typing.get_origin(literal_type)
+    if origin is typing.Literal:
+        return tuple(typing.get_args(literal_type))
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        out: list[Any] = []
+        for arg in typing.get_args(literal_type):
+            if arg is type(None):
+                continue
+            out.extend(v for v in choices(arg) if v not in out)
+        return tuple(out)
+    raise TypeError(f"{literal_type!r} is not a Literal type")
+
+
+def _suffix(hint: str) -> str:
+    return f"; {hint}" if hint else ""
+
+
+def check_choice(name: str, value: Any, allowed: Any, *, hint: str = "") -> Any:
+    """``value`` if it is one of ``allowed`` (a ``Literal`` type or a sequence), else ``ValueError``."""
+    options = choices(allowed) if not isinstance(allowed, (tuple, list, set, frozenset)) else tuple(allowed)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {'|'.join(str(o) for o in options)}, got {value!r}{_suffix(hint)}")
+    return value
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, *, maximum: int | None = None, hint: str = "") -> int:
+    """``int(value)`` for an integer (``bool`` is refused) in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}){_suffix(hint)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}{_suffix(hint)}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}{_suffix(hint)}")
+    return value
+
+
+def check_float(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict_minimum: bool = False,
+    strict_maximum: bool = False,
+    allow_inf: bool = False,
+    hint: str = "",
+) -> float:
+    """``float(value)`` for a real number (``bool`` is refused, a one-element float tensor is taken).
+
+    ``minimum``/``maximum`` bound it (``strict_*``: exclusive); NaN is always refused and
+    infinity unless ``allow_inf``.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        quoted = " (a quoted string in YAML? write the number without quotes)" if isinstance(value, str) and _is_number(value) else ""
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}){quoted}{_suffix(hint)}")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a finite number, got {value!r}{_suffix(hint)}")
+    if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
+        raise ValueError(f"{name} must be {'>' if strict_minimum else '>='} {minimum}, got {value!r}{_suffix(hint)}")
+    if maximum is not None and (value >= maximum if strict_maximum else value > maximum):
+        raise ValueError(f"{name} must be {'<' if strict_maximum else '<='} {maximum}, got {value!r}{_suffix(hint)}")
+    return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def check_tensor(
+    name: str,
+    value: Any,
+    *,
+    dim: int | tuple[int, ...] | None = None,
+    floating: bool | None = None,
+    non_empty: bool = False,
+    hint: str = "",
+) -> torch.Tensor:
+    """``value`` if it is a tensor with ``dim`` dimensions (one of them), floating point or
+    integer as ``floating`` asks, and (``non_empty``) at least one element."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}{_suffix(hint)}")
+    if floating is True and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}; cast with .float(){_suffix(hint)}")
+    if floating is False and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}; cast with .long(){_suffix(hint)}")
+    dims = (dim,) if isinstance(dim, int) else dim
+    if dims is not None and value.dim() not in dims:
+        want = " or ".join(f"{d}-d" for d in dims)
+        raise ValueError(f"{name} must be {want}, got shape {tuple(value.shape)}{_suffix(hint)}")
+    if non_empty and value.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}{_suffix(hint)}")
+    return value
