@@ -335,7 +335,8 @@ def test_autocast_bf16_runs_in_float32() -> None:
     x, xp = _problem(32, 16, seed=2, dtype=torch.float32)
     crit = SigmoidContrastiveLoss(init_tau=math.log(50.0), max_tau=50.0, alpha=1.0, gamma=1.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, kl = crit(x.requires_grad_(True), xp)
+        loss, terms = crit.compute(x.requires_grad_(True), xp)
+        kl = terms["invariance"]
     loss.backward()
     assert loss.dtype == torch.float32 and bool(torch.isfinite(loss))
     ref, _ = reference_torch(x.detach().double(), xp.double(), crit.tau.detach().double(), crit.b.detach().double(), 1.0, 50.0, 1.0)
@@ -358,7 +359,8 @@ def test_module_defaults_parameters_and_forward() -> None:
     x, xp = _problem(10, 6, seed=4, dtype=torch.float32)
     crit = SigmoidContrastiveLoss(alpha=1.0, gamma=1.0, penalty_filtering=True, filtering_warmup_steps=2, filtering_threshold=0.2)
     for gamma_override, step in ((None, 0), (0.25, 0), (0.25, 5)):
-        loss, kl = crit(x, xp, gamma=gamma_override, global_step=step)
+        loss, terms = crit.compute(x, xp, gamma=gamma_override, global_step=step)
+        kl = terms["invariance"]
         g = 1.0 if gamma_override is None else gamma_override
         ref = reference_numpy(
             x.double().numpy(), xp.double().numpy(), math.log(5.0), -5.0, alpha=1.0, gamma=g,
@@ -366,7 +368,7 @@ def test_module_defaults_parameters_and_forward() -> None:
         )
         assert loss.item() == pytest.approx(ref[0], rel=1e-5)
         assert kl.item() == pytest.approx(ref[1], rel=1e-4, abs=1e-6)
-    loss, _ = crit(x, xp)
+    loss = crit(x, xp)
     loss.backward()
     assert crit.tau.grad is not None and crit.b.grad is not None
     # as in the seed: float32(log 5) rounds up, exp of it is 5.0000002 > max_tau = 5, so the
@@ -449,7 +451,8 @@ def _ddp_rank_fn(rank: int, world: int) -> dict:
             init_tau=DDP_TAU, init_b=DDP_B, alpha=alpha, gamma=gamma, gather_distributed=True,
             penalty_filtering=thr is not None, filtering_warmup_steps=0, filtering_threshold=thr or 0.0,
         )
-        loss, kl = crit(xl, xpl, global_step=1)
+        loss, terms = crit.compute(xl, xpl, global_step=1)
+        kl = terms["invariance"]
         loss.backward()
         out["scenarios"].append(
             {

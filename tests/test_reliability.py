@@ -377,7 +377,7 @@ def test_ordinal_clip_loss_batch_of_one_and_single_class(n: int) -> None:
     torch.manual_seed(n)
     logits = (torch.randn(n, 4, dtype=torch.float64) * 5).requires_grad_(True)
     y = torch.full((n,), 2, dtype=torch.long)
-    loss, _ = OrdinalCLIPLoss()(logits, y)
+    loss = OrdinalCLIPLoss()(logits, y)
     assert float(loss.detach()) == pytest.approx(ordinal_clip_reference(logits.detach().numpy(), y.numpy()), rel=1e-6)
     _grad_check(loss, logits)
 
@@ -426,7 +426,8 @@ def test_sigmoid_loss_propagates_non_finite_features(bad: float) -> None:
     which every module's ``check_finite_loss`` stops before the update (``test_nan_inputs_stop_every_module...``)."""
     x = torch.randn(4, 8)
     x[1, 2] = bad
-    loss, kl = SigmoidContrastiveLoss(alpha=1.0, gamma=1.0)(x, torch.randn(4, 8))
+    loss, terms = SigmoidContrastiveLoss(alpha=1.0, gamma=1.0).compute(x, torch.randn(4, 8))
+    kl = terms["invariance"]
     assert bool(torch.isnan(loss)) and bool(torch.isnan(kl))
 
 
@@ -951,8 +952,8 @@ LOW_PRECISION_LOSSES: dict[
     "cloc_sm": (lambda x: x, lambda x, y: OrdinalContrastiveLoss_sm(6, x.device, [["fixed", 0.3]])(x, y)),
     "supcon_t0.05": (_views, lambda f, y: SupConLoss(0.05)(f, y[::2])),
     "simclr_t0.05": (_views, lambda f, y: SupConLoss(0.05)(f)),
-    "ordinal_clip": (lambda x: x[:, :6] * 30.0, lambda z, y: OrdinalCLIPLoss()(z, y)[0]),
-    "sigmoid": (lambda x: x, lambda z, y: SigmoidContrastiveLoss(alpha=1.0, gamma=1.0).to(z.device)(z[:16], z[16:])[0]),
+    "ordinal_clip": (lambda x: x[:, :6] * 30.0, lambda z, y: OrdinalCLIPLoss()(z, y)),
+    "sigmoid": (lambda x: x, lambda z, y: SigmoidContrastiveLoss(alpha=1.0, gamma=1.0).to(z.device)(z[:16], z[16:])),
 }
 
 

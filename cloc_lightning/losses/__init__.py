@@ -5,14 +5,14 @@
 - :class:`OrdinalCLIPLoss` — OrdinalCLIP's CE + KL rank loss (Li et al., NeurIPS 2022)
 - :class:`SigmoidContrastiveLoss` / :func:`sigmoid_contrastive_loss` — ReLIC's sigmoid loss with
   confidence penalty and KL invariance term (Basara 2024; SigLIP, Zhai et al. 2023; ReLIC, Mitrovic et al. 2020)
+
+Every loss class follows one return contract (:mod:`cloc_lightning.losses.base`): calling it
+returns the scalar to minimise; ``.compute(...)`` returns a :class:`LossOutput` with that
+scalar and the named parts a method logs.
 """
 
-from cloc_lightning.losses.cloc import (
-    OrdinalContrastiveLoss_mm,
-    OrdinalContrastiveLoss_sm,
-    cloc_pair_hinge_sums,
-    inverse_softplus,
-)
+from cloc_lightning.losses.base import Loss, LossOutput
+from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
@@ -20,8 +20,8 @@ from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 __all__ = [
     "OrdinalContrastiveLoss_mm",
     "OrdinalContrastiveLoss_sm",
-    "cloc_pair_hinge_sums",
-    "inverse_softplus",
+    "Loss",
+    "LossOutput",
     "OrdinalCLIPLoss",
     "ordinal_clip_loss",
     "SupConLoss",

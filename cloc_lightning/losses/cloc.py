@@ -71,6 +71,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.losses.base import Loss, LossOutput
 
 __all__ = [
     "OrdinalContrastiveLoss_mm",
@@ -328,7 +329,7 @@ def cloc_pair_hinge_sums(
 # ----------------------------------------------------------------------------
 # the modules
 # ----------------------------------------------------------------------------
-class _OrdinalContrastiveLossBase(nn.Module):
+class _OrdinalContrastiveLossBase(Loss):
     """Shared machinery of :class:`OrdinalContrastiveLoss_mm` and :class:`OrdinalContrastiveLoss_sm`.
 
     Subclasses build their margin parameters and implement :meth:`_raw_margins`

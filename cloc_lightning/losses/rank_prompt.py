@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
+
+from cloc_lightning.losses.base import Loss, LossOutput
 
 __all__ = ["ordinal_clip_loss", "OrdinalCLIPLoss"]
 
@@ -100,7 +102,7 @@ def ordinal_clip_loss(
     return total, {"ce": ce.detach(), "kl": kl.detach()}
 
 
-class OrdinalCLIPLoss(nn.Module):
+class OrdinalCLIPLoss(Loss):
     """OrdinalCLIP's CE + KL rank loss on image–prototype logits (Li et al. 2022, arXiv 2206.02338).
 
     See :func:`ordinal_clip_loss` for the formula; reference ``Runner.compute_losses`` in
@@ -113,12 +115,13 @@ class OrdinalCLIPLoss(nn.Module):
         check_finite: raise a clear ValueError on NaN/inf logits or labels out of range.
 
     Shapes:
-        ``forward(logits [N, R], labels [N]) -> (total [], {"ce": [], "kl": []})``.
+        ``forward(logits [N, R], labels [N]) -> total []``;
+        ``compute(logits, labels) -> LossOutput(total [], {"ce": [], "kl": []})``.
 
     Example:
         >>> loss_fn = OrdinalCLIPLoss(ce_weight=1.0, kl_weight=1.0)
         >>> logits = torch.randn(8, 5, requires_grad=True)
-        >>> total, parts = loss_fn(logits, torch.randint(0, 5, (8,)))
+        >>> total, parts = loss_fn.compute(logits, torch.randint(0, 5, (8,)))
         >>> total.backward()
     """
 
@@ -137,11 +140,16 @@ class OrdinalCLIPLoss(nn.Module):
         self.target_sharpness = _check_weight("target_sharpness", target_sharpness)
         self.check_finite = bool(check_finite)
 
-    def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """``logits [N, R]``, ``labels [N]`` → ``(total, {"ce", "kl"})`` (see :func:`ordinal_clip_loss`)."""
-        return ordinal_clip_loss(
+    def compute(self, logits: Tensor, labels: Tensor) -> LossOutput:  # type: ignore[override]
+        """``logits [N, R]``, ``labels [N]`` → ``LossOutput(total, {"ce", "kl"})`` (see :func:`ordinal_clip_loss`)."""
+        total, parts = ordinal_clip_loss(
             logits, labels, self.ce_weight, self.kl_weight, self.target_sharpness, self.check_finite
         )
+        return LossOutput(total, parts)
+
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """The total ``ce_weight * CE + kl_weight * KL`` (the parts: :meth:`compute`)."""
+        return self.compute(logits, labels).loss
 
     def extra_repr(self) -> str:
         return f"ce_weight={self.ce_weight}, kl_weight={self.kl_weight}, target_sharpness={self.target_sharpness}"

@@ -98,6 +98,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.losses.base import Loss, LossOutput
 
 __all__ = ["sigmoid_contrastive_loss", "SigmoidContrastiveLoss", "BLOCK_ELEMENTS"]
 
@@ -538,7 +539,7 @@ def sigmoid_contrastive_loss(
         return loss_sum * scale, (kl_sum * scale if compute_invariance else None)
 
 
-class SigmoidContrastiveLoss(nn.Module):
+class SigmoidContrastiveLoss(Loss):
     r"""Sigmoid contrastive loss module owning the logit scale ``tau`` and bias ``b``.
 
     The criterion of ReLIC-sigmoid (seed: F. Basara's ``scl_train``; ReLIC, Mitrovic et
@@ -618,15 +619,19 @@ class SigmoidContrastiveLoss(nn.Module):
         scale = self.logit_scale
         return math.inf if scale == 0.0 else 1.0 / scale
 
-    def forward(
+    def forward(self, x: torch.Tensor, x_prime: torch.Tensor, gamma: float | None = None, global_step: int = -1) -> torch.Tensor:
+        """The loss of online ``x`` [n, dim] against target ``x_prime`` [n, dim] (the parts: :meth:`compute`)."""
+        return self.compute(x, x_prime, gamma, global_step).loss
+
+    def compute(  # type: ignore[override]
         self, x: torch.Tensor, x_prime: torch.Tensor, gamma: float | None = None, global_step: int = -1
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, invariance_loss)`` of online ``x`` [n, dim] against target ``x_prime`` [n, dim].
+    ) -> LossOutput:
+        """``LossOutput(loss, {"invariance": the KL term (detached; in the loss with weight alpha)})``.
 
         ``gamma`` overrides the module's exponent for this call (for schedules);
         ``global_step`` drives penalty filtering.
         """
-        return sigmoid_contrastive_loss(
+        loss, invariance = sigmoid_contrastive_loss(
             x,
             x_prime,
             self.tau,
@@ -640,6 +645,7 @@ class SigmoidContrastiveLoss(nn.Module):
             filtering_threshold=self.filtering_threshold,
             gather_distributed=self.gather_distributed,
         )
+        return LossOutput(loss, {} if invariance is None else {"invariance": invariance.detach()})
 
     def extra_repr(self) -> str:
         return (

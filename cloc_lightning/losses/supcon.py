@@ -36,6 +36,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.losses.base import Loss, LossOutput
 
 __all__ = [
     "SupConLoss",
@@ -401,7 +402,7 @@ def _supcon(
     return per_anchor.mean()
 
 
-class SupConLoss(nn.Module):
+class SupConLoss(Loss):
     r"""Supervised contrastive loss ``L_out`` (Khosla et al. 2020, eq. 2); SimCLR without labels.
 
     For ``features`` of shape [bsz, n_views, dim] the contrast set holds all

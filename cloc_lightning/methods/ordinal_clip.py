@@ -594,7 +594,7 @@ class OrdinalCLIPModule(ClassifierModule):
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         logits = self(x)
-        loss, parts = self.criterion(logits, y)
+        loss, parts = self.criterion.compute(logits, y)
         n = y.shape[0]
         with torch.no_grad():
             pred = logits.argmax(dim=1)

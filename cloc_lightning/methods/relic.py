@@ -630,9 +630,10 @@ class ReLICModule(OnlineProbeEvalMixin, BaseModule):
             total = online[0].new_zeros((), dtype=torch.float32)
             invariance = online[0].new_zeros((), dtype=torch.float32)
             for i, j in pairs:
-                loss, inv = self.criterion(online[j].float(), target[i].float().detach(), gamma=gamma, global_step=step)
+                loss, terms = self.criterion.compute(online[j].float(), target[i].float().detach(), gamma=gamma, global_step=step)
                 total = total + loss
-                invariance = invariance + inv.detach()
+                if "invariance" in terms:
+                    invariance = invariance + terms["invariance"]
         return total / len(pairs), invariance / len(pairs)
 
     def _probe_loss(self, features: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
