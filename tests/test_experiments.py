@@ -117,3 +117,104 @@ def test_quick_cifar10_random_encoder_probe(tmp_path) -> None:
     assert 0.0 <= top1 <= 1.0 and run["probe"]["n_features"] == 96
     md = (tmp_path / "out" / "cifar10.md").read_text()
     assert "Random-init encoder" in md and "QUICK" in md
+
+
+def _write_csv(path, rows: list[dict]) -> None:
+    import csv
+
+    keys = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_cloc_share_per_epoch_from_logged_or_derived_values(tmp_path) -> None:
+    from benchmarks.experiments import cloc_share
+
+    # a run that predates train/cloc_share: derived as 1 - ce / loss (loss = ce + lambda * cloc)
+    _write_csv(tmp_path / "metrics.csv", [
+        {"epoch": 0, "step": 19, "train/loss": 2.0, "train/ce": 1.9, "train/cloc": 0.1},
+        {"epoch": 0, "step": 39, "train/loss": 1.0, "train/ce": 0.9, "train/cloc": 0.1},
+        {"epoch": 0, "step": 40, "val/mae": 1.0},
+        {"epoch": 3, "step": 99, "train/loss": 0.5, "train/ce": 0.25, "train/cloc": 0.25},
+    ])
+    share = cloc_share(tmp_path)
+    assert share["train/cloc_share_first"] == pytest.approx((0.1 / 2.0 + 0.1 / 1.0) / 2)
+    assert share["train/cloc_share_last"] == pytest.approx(0.5)
+    # logged by CLOCModule: taken as logged
+    _write_csv(tmp_path / "metrics.csv", [
+        {"epoch": 0, "step": 19, "train/loss": 2.0, "train/ce": 1.0, "train/cloc": 1.0, "train/cloc_share": 0.3},
+        {"epoch": 1, "step": 39, "train/loss": 2.0, "train/ce": 1.0, "train/cloc": 1.0, "train/cloc_share": 0.2},
+    ])
+    assert cloc_share(tmp_path) == {"train/cloc_share_first": 0.3, "train/cloc_share_last": 0.2}
+    # CE runs have no CLOC term
+    _write_csv(tmp_path / "metrics.csv", [{"epoch": 0, "step": 19, "train/loss": 2.0}])
+    assert cloc_share(tmp_path) == {}
+
+
+def test_epoch_series_joins_the_parts_of_a_resumed_run(tmp_path) -> None:
+    from benchmarks.experiments import epoch_series, metric_files
+
+    # attempt 0 validated epochs 0-2 and was killed; last.ckpt was at epoch 1, so epoch 2 ran again
+    _write_csv(tmp_path / "metrics.part0.csv", [{"epoch": e, "step": e, "val/qwk": 0.1 * e} for e in range(3)])
+    _write_csv(tmp_path / "metrics.csv", [{"epoch": e, "step": e, "val/qwk": 0.5 + e} for e in (2, 3)])
+    assert [p.name for p in metric_files(tmp_path)] == ["metrics.part0.csv", "metrics.csv"]
+    assert epoch_series(tmp_path, ["val/qwk", "val/mae"]) == {"val/qwk": {0: 0.0, 1: 0.1, 2: 2.5, 3: 3.5}}
+
+
+def test_paired_differences_use_matching_seeds_only() -> None:
+    from benchmarks.experiments import paired_differences
+
+    runs = [
+        {"row": "ce", "seed": 0, "ok": True, "metrics": {"m": 1.0}},
+        {"row": "ce", "seed": 1, "ok": True, "metrics": {"m": 2.0}},
+        {"row": "ce", "seed": 2, "ok": True, "metrics": {"m": 9.0}},
+        {"row": "x", "seed": 0, "ok": True, "metrics": {"m": 1.5}},
+        {"row": "x", "seed": 1, "ok": True, "metrics": {"m": 1.0}},
+        {"row": "x", "seed": 2, "ok": False, "metrics": {"m": 0.0}},  # failed: no pair
+    ]
+    d = paired_differences(runs, "x", "ce", ["m"])["m"]
+    assert d["seeds"] == [0, 1] and d["values"] == [0.5, -1.0]
+    assert d["mean"] == pytest.approx(-0.25) and d["std"] == pytest.approx(statistics.stdev([0.5, -1.0]))
+
+
+def test_interrupted_run_resumes_from_its_checkpoint(tmp_path) -> None:
+    import os
+    import time
+
+    import torch
+
+    from benchmarks.experiments import _prepare_resume
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("x: 1\n")
+    start = time.time() - 100.0
+    os.utime(run / "config.yaml", (start, start))
+    last = run / "checkpoints" / "last.ckpt"
+    torch.save({"epoch": 4, "global_step": 400}, last)
+    os.utime(last, (start + 60.0, start + 60.0))
+    _write_csv(run / "metrics.csv", [{"epoch": 0, "step": 1, "val/qwk": 0.5}])
+    attempts = _prepare_resume(run, last)
+    # the time up to the checkpoint counts; what ran after it is repeated, so it does not
+    assert len(attempts) == 1 and attempts[0]["wall_s"] == pytest.approx(60.0, abs=1.0)
+    assert attempts[0]["checkpoint_epoch"] == 4 and attempts[0]["checkpoint_step"] == 400
+    assert (run / "metrics.part0.csv").is_file() and not (run / "metrics.csv").exists()
+
+
+def test_utkface_table_scale_is_the_shipped_configs_scale() -> None:
+    import yaml
+
+    scale = TABLES["utkface"].scale
+    value = {scale[i]: scale[i + 1] for i in range(0, len(scale) - 1, 2)}
+    for row in TABLES["utkface"].rows:
+        cfg = yaml.safe_load((REPO / row.config).read_text())
+        assert int(value["--data.image_size"]) == cfg["data"]["init_args"]["image_size"], row.key
+        assert int(value["--trainer.max_epochs"]) == cfg["trainer"]["max_epochs"], row.key
+        assert float(value["--data.train_fraction"]) == cfg["data"]["init_args"].get("train_fraction", 1.0), row.key
+        if row.key.startswith("cloc"):
+            (freeze,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("CLOCMarginFreeze")]
+            assert freeze["init_args"]["freeze_at_epoch"] == 10, row.key
+        if row.paired_with:
+            assert any(r.key == row.paired_with and r.column == row.column for r in TABLES["utkface"].rows)
