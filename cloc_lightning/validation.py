@@ -9,7 +9,11 @@ Choices are derived once from the ``Literal`` types the signatures already carry
 new option is added in one place (the type) and both LightningCLI and the checks see it::
 
     Reduction = Literal["official", "mean"]
-    check_choice("reduction", reduction, Reduction)   # "reduction must be one of official|mean, got 'x'"
+    check_choice("reduction", reduction, Reduction)   # "reduction must be 'official' or 'mean', got 'x'"
+
+Where a check's own wording does not fit (a requirement such as "a positive float"
+that users already know from the message), ``expect`` replaces the "what it must be"
+part; the rest of the message stays the same.
 """
 
 from __future__ import annotations
@@ -43,24 +47,40 @@ def _suffix(hint: str) -> str:
     return f"; {hint}" if hint else ""
 
 
+def _either(options: tuple[Any, ...]) -> str:
+    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'`` (values as written in Python/YAML)."""
+    shown = [repr(o) for o in options]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
 def check_choice(name: str, value: Any, allowed: Any, *, hint: str = "") -> Any:
-    """``value`` if it is one of ``allowed`` (a ``Literal`` type or a sequence), else ``ValueError``."""
+    """``value`` if it is one of ``allowed`` (a ``Literal`` type or a sequence), else ``ValueError``
+    (``"<name> must be 'a' or 'b', got 'c'"``)."""
     options = choices(allowed) if not isinstance(allowed, (tuple, list, set, frozenset)) else tuple(allowed)
     if value not in options:
-        raise ValueError(f"{name} must be one of {'|'.join(str(o) for o in options)}, got {value!r}{_suffix(hint)}")
+        raise ValueError(f"{name} must be {_either(options)}, got {value!r}{_suffix(hint)}")
     return value
 
 
-def check_int(name: str, value: Any, minimum: int | None = None, *, maximum: int | None = None, hint: str = "") -> int:
-    """``int(value)`` for an integer (``bool`` is refused) in ``[minimum, maximum]``."""
+def check_int(
+    name: str, value: Any, minimum: int | None = None, *, maximum: int | None = None, hint: str = "", expect: str = ""
+) -> int:
+    """``int(value)`` for an integer (``bool`` is refused; a one-element integer tensor is taken) in
+    ``[minimum, maximum]``; ``expect`` replaces the "must be ..." wording of every message."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and _is_integer_dtype(value.dtype):
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}){_suffix(hint)}")
+        raise TypeError(f"{name} must be {expect or 'an int'}, got {value!r} ({type(value).__name__}){_suffix(hint)}")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}{_suffix(hint)}")
+        raise ValueError(f"{name} must be {expect or f'>= {minimum}'}, got {value}{_suffix(hint)}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}{_suffix(hint)}")
+        raise ValueError(f"{name} must be {expect or f'<= {maximum}'}, got {value}{_suffix(hint)}")
     return value
+
+
+def _is_integer_dtype(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def check_float(
@@ -73,24 +93,28 @@ def check_float(
     strict_maximum: bool = False,
     allow_inf: bool = False,
     hint: str = "",
+    expect: str = "",
 ) -> float:
     """``float(value)`` for a real number (``bool`` is refused, a one-element float tensor is taken).
 
     ``minimum``/``maximum`` bound it (``strict_*``: exclusive); NaN is always refused and
-    infinity unless ``allow_inf``.
+    infinity unless ``allow_inf``.  ``expect`` replaces the "must be ..." wording of every
+    message (e.g. ``"a positive float (e.g. 0.07)"``).
     """
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         quoted = " (a quoted string in YAML? write the number without quotes)" if isinstance(value, str) and _is_number(value) else ""
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}){quoted}{_suffix(hint)}")
+        raise TypeError(f"{name} must be {expect or 'a number'}, got {value!r} ({type(value).__name__}){quoted}{_suffix(hint)}")
     value = float(value)
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be a finite number, got {value!r}{_suffix(hint)}")
+        raise ValueError(f"{name} must be {expect or 'a finite number'}, got {value!r}{_suffix(hint)}")
     if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
-        raise ValueError(f"{name} must be {'>' if strict_minimum else '>='} {minimum}, got {value!r}{_suffix(hint)}")
+        bound = f"{'>' if strict_minimum else '>='} {minimum}"
+        raise ValueError(f"{name} must be {expect or bound}, got {value!r}{_suffix(hint)}")
     if maximum is not None and (value >= maximum if strict_maximum else value > maximum):
-        raise ValueError(f"{name} must be {'<' if strict_maximum else '<='} {maximum}, got {value!r}{_suffix(hint)}")
+        bound = f"{'<' if strict_maximum else '<='} {maximum}"
+        raise ValueError(f"{name} must be {expect or bound}, got {value!r}{_suffix(hint)}")
     return value
 
 
