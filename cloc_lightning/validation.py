@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor"]
+__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool"]
 
 
 def choices(literal_type: Any) -> tuple[Any, ...]:
@@ -134,19 +134,35 @@ def check_tensor(
     floating: bool | None = None,
     non_empty: bool = False,
     hint: str = "",
+    layout: str = "",
+    holding: str = "",
 ) -> torch.Tensor:
     """``value`` if it is a tensor with ``dim`` dimensions (one of them), floating point or
-    integer as ``floating`` asks, and (``non_empty``) at least one element."""
+    integer as ``floating`` asks, and (``non_empty``) at least one element.
+
+    ``layout`` names the expected shape in the messages (``"[batch, dim]"``: "prediction must
+    be 2-D [batch, dim], got shape (3,)"), ``holding`` what integer entries are
+    (``"class ids"``: "target must hold integer class ids, got dtype torch.float32").
+    """
+    shape = f" {layout}" if layout else ""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}{_suffix(hint)}")
+        raise TypeError(f"{name} must be a torch.Tensor{shape}, got {type(value).__name__}{_suffix(hint)}")
     if floating is True and not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}; cast with .float(){_suffix(hint)}")
-    if floating is False and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
-        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}; cast with .long(){_suffix(hint)}")
+    if floating is False and not _is_integer_dtype(value.dtype):
+        what = f"integer {holding}" if holding else "integers"
+        raise TypeError(f"{name} must hold {what}, got dtype {value.dtype}; cast with .long(){_suffix(hint)}")
     dims = (dim,) if isinstance(dim, int) else dim
     if dims is not None and value.dim() not in dims:
-        want = " or ".join(f"{d}-d" for d in dims)
-        raise ValueError(f"{name} must be {want}, got shape {tuple(value.shape)}{_suffix(hint)}")
+        want = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{name} must be {want}{shape}, got shape {tuple(value.shape)}{_suffix(hint)}")
     if non_empty and value.numel() == 0:
-        raise ValueError(f"{name} must not be empty, got shape {tuple(value.shape)}{_suffix(hint)}")
+        raise ValueError(f"{name} must be non-empty{shape}, got shape {tuple(value.shape)}{_suffix(hint)}")
+    return value
+
+
+def check_bool(name: str, value: Any, *, hint: str = "") -> bool:
+    """``value`` if it is ``True`` or ``False`` (not merely truthy: ``"no"`` is refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}{_suffix(hint)}")
     return value
