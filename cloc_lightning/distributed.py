@@ -78,14 +78,14 @@ def _gather_padded(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         x = torch.cat([x, pad], dim=0)
     out = [torch.empty_like(x) for _ in sizes]
     dist.all_gather(out, x)
-    return torch.cat([o[:n] for o, n in zip(out, sizes)], dim=0)
+    return torch.cat([o[:n] for o, n in zip(out, sizes, strict=True)], dim=0)
 
 
 class _GatherWithGrad(torch.autograd.Function):
     """all_gather whose backward all-reduces (sums) the gradient and keeps the local slice."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         sizes = _all_sizes(x.shape[0], x.device)
         r = dist.get_rank()
         ctx.start = sum(sizes[:r])
@@ -93,7 +93,7 @@ class _GatherWithGrad(torch.autograd.Function):
         return _gather_padded(x, sizes)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         return grad[ctx.start : ctx.start + ctx.n]
@@ -107,7 +107,8 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     """
     if not is_distributed():
         return x
-    return _GatherWithGrad.apply(x)
+    gathered: torch.Tensor = _GatherWithGrad.apply(x)
+    return gathered
 
 
 @torch.no_grad()

@@ -71,12 +71,12 @@ def check_int(
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be {expect or 'an int'}, got {value!r} ({type(value).__name__}){_suffix(hint)}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be {expect or f'>= {minimum}'}, got {value}{_suffix(hint)}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be {expect or f'<= {maximum}'}, got {value}{_suffix(hint)}")
-    return value
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be {expect or f'>= {minimum}'}, got {number}{_suffix(hint)}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be {expect or f'<= {maximum}'}, got {number}{_suffix(hint)}")
+    return number
 
 
 def _is_integer_dtype(dtype: torch.dtype) -> bool:
@@ -106,16 +106,16 @@ def check_float(
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         quoted = " (a quoted string in YAML? write the number without quotes)" if isinstance(value, str) and _is_number(value) else ""
         raise TypeError(f"{name} must be {expect or 'a number'}, got {value!r} ({type(value).__name__}){quoted}{_suffix(hint)}")
-    value = float(value)
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be {expect or 'a finite number'}, got {value!r}{_suffix(hint)}")
-    if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
+    number = float(value)
+    if math.isnan(number) or (math.isinf(number) and not allow_inf):
+        raise ValueError(f"{name} must be {expect or 'a finite number'}, got {number!r}{_suffix(hint)}")
+    if minimum is not None and (number <= minimum if strict_minimum else number < minimum):
         bound = f"{'>' if strict_minimum else '>='} {minimum}"
-        raise ValueError(f"{name} must be {expect or bound}, got {value!r}{_suffix(hint)}")
-    if maximum is not None and (value >= maximum if strict_maximum else value > maximum):
+        raise ValueError(f"{name} must be {expect or bound}, got {number!r}{_suffix(hint)}")
+    if maximum is not None and (number >= maximum if strict_maximum else number > maximum):
         bound = f"{'<' if strict_maximum else '<='} {maximum}"
-        raise ValueError(f"{name} must be {expect or bound}, got {value!r}{_suffix(hint)}")
-    return value
+        raise ValueError(f"{name} must be {expect or bound}, got {number!r}{_suffix(hint)}")
+    return number
 
 
 def _is_number(text: str) -> bool:

@@ -61,9 +61,8 @@ Differences to the reference code (deliberate)
 
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any, Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +70,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
-from cloc_lightning.losses.base import Loss, LossOutput
+from cloc_lightning.losses.base import Loss
+from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
 __all__ = [
     "OrdinalContrastiveLoss_mm",
@@ -82,8 +82,6 @@ __all__ = [
 
 Reduction = Literal["official", "mean"]
 MarginKind = Literal["learnable", "fixed"]
-_KINDS = ("learnable", "fixed")
-_REDUCTIONS = ("official", "mean")
 #: ``eps`` of :func:`torch.nn.functional.cosine_similarity` (the reference's similarity).
 _COS_EPS = 1e-8
 #: layout title used by the reference for its TensorBoard custom-scalars chart.
@@ -105,40 +103,18 @@ def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
     return value + torch.log(-torch.expm1(-value))
 
 
-def _check_n_classes(n_classes: Any) -> int:
-    if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral):
-        raise TypeError(
-            f"n_classes must be an int >= 2 (the number of ordinal classes), got {n_classes!r} "
-            f"({type(n_classes).__name__})"
-        )
-    if int(n_classes) < 2:
-        raise ValueError(f"n_classes must be >= 2 (CLOC needs at least two ordered classes), got {n_classes}")
-    return int(n_classes)
+#: what ``n_classes`` is, in its error messages
+_N_CLASSES_HINT = "n_classes is the number of ordinal classes; CLOC needs at least two"
 
 
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def _check_kind(kind: Any) -> None:
+    """The ``kind`` argument of ``to_learnable_map``: a :data:`MarginKind` or ``None``."""
+    if kind is not None:
+        check_choice("kind", kind, MarginKind,
+                     hint="'fixed' or 'learnable' sets every margin's kind, None keeps each margin's current kind")
 
 
-def _check_margin_value(value: Any, where: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
-        value = float(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        hint = " (a quoted string in YAML? write 0.4, not '0.4')" if isinstance(value, str) and _is_float(value) else ""
-        raise TypeError(f"{where}: the margin value must be a number > 0 or None, got {value!r} "
-                        f"({type(value).__name__}){hint}")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{where}: margins must be finite and > 0 (they are distances between "
-                         f"adjacent classes), got {value!r}")
-    return value
-
-
-def _parse_learnable_map(learnable_map: Any, n_entries: int, what: str) -> list[tuple[str, Optional[float]]]:
+def _parse_learnable_map(learnable_map: Any, n_entries: int, what: str) -> list[tuple[str, float | None]]:
     """Validate a ``learnable_map`` and return ``[(kind, value or None), ...]`` of length ``n_entries``."""
     if learnable_map is None:
         return [("learnable", None)] * n_entries
@@ -152,24 +128,26 @@ def _parse_learnable_map(learnable_map: Any, n_entries: int, what: str) -> list[
             f"learnable_map has {len(learnable_map)} entries but {what} needs exactly {n_entries} "
             f"(one [kind, value] pair per margin); check n_classes or the phase-two margin YAML"
         )
-    parsed: list[tuple[str, Optional[float]]] = []
+    parsed: list[tuple[str, float | None]] = []
     for i, entry in enumerate(learnable_map):
         where = f"learnable_map[{i}]"
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
             raise TypeError(f"{where} must be a pair [kind, value] such as ['fixed', 0.4], got {entry!r}")
         kind, value = entry[0], entry[1]
-        if not isinstance(kind, str) or kind not in _KINDS:
-            raise ValueError(f"{where}: kind must be 'learnable' or 'fixed', got {kind!r}")
+        check_choice(f"{where}: kind", kind, MarginKind)
         if value is None:
             if kind == "fixed":
                 raise ValueError(f"{where}: a 'fixed' margin needs a value, e.g. ['fixed', 0.4]")
             parsed.append((kind, None))
         else:
-            parsed.append((kind, _check_margin_value(value, where)))
+            margin = check_float(f"{where}: the margin value", value, minimum=0.0, strict_minimum=True,
+                                 expect="a number > 0 or None",
+                                 hint="margins are distances between adjacent classes, finite and > 0")
+            parsed.append((kind, margin))
     return parsed
 
 
-def _init_raw(value: Optional[float]) -> torch.Tensor:
+def _init_raw(value: float | None) -> torch.Tensor:
     """Raw (pre-softplus) float64 scalar: ``value`` itself, or a margin drawn from U(0.5, 1.0).
 
     The draw uses ``torch.rand(1)`` once per ``None`` entry, in map order, like the reference,
@@ -260,7 +238,7 @@ class _PairHingeSums(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         s: torch.Tensor,
         dmat: torch.Tensor,
@@ -288,7 +266,7 @@ class _PairHingeSums(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         coef, is_pos, y_row, y_col = ctx.saved_tensors
         n, m = coef.shape
         grad_s = coef * grad.to(coef.dtype).unsqueeze(1)
@@ -348,17 +326,14 @@ class _OrdinalContrastiveLossBase(Loss):
         check_finite: bool = True,
     ) -> None:
         super().__init__()
-        self.n_classes = _check_n_classes(n_classes)
+        self.n_classes = check_int("n_classes", n_classes, 2, hint=_N_CLASSES_HINT)
         self.n_distances = self.n_classes - 1
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction must be 'official' (divide by |P|*|N|^2, as the CLOC code) "
-                             f"or 'mean' (divide by |P|*|N|), got {reduction!r}")
-        for name, flag in (("gather_distributed", gather_distributed), ("check_finite", check_finite)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
-        self.reduction: Reduction = reduction
-        self.gather_distributed = gather_distributed
-        self.check_finite = check_finite
+        self.reduction: Reduction = check_choice(
+            "reduction", reduction, Reduction,
+            hint="'official' divides by |P|*|N|^2 as the CLOC code, 'mean' by |P|*|N|",
+        )
+        self.gather_distributed = check_bool("gather_distributed", gather_distributed)
+        self.check_finite = check_bool("check_finite", check_finite)
         self.writer: Any = None
         self._layout_registered = False
 
@@ -387,7 +362,7 @@ class _OrdinalContrastiveLossBase(Loss):
     def margin_scalars(self) -> dict[str, float]:
         """What is logged per step: ``{'C0-C1': m_0, ...}`` (``_sm``: ``{'Margin': m}``)."""
         values = self.margins().detach().cpu().tolist()
-        return dict(zip(self.margin_names(), values))
+        return dict(zip(self.margin_names(), values, strict=True))
 
     def margin_kinds(self) -> list[str]:
         """Each margin's current kind: ``learnable`` (a trainable parameter) or ``fixed``."""
@@ -400,11 +375,10 @@ class _OrdinalContrastiveLossBase(Loss):
         ``kind='learnable'`` restarts learning from the current values; ``kind=None``
         keeps each margin's current kind (:meth:`margin_kinds`).
         """
-        if kind is not None and kind not in _KINDS:
-            raise ValueError(f"kind must be 'fixed' or 'learnable' (or None: each margin's current kind), got {kind!r}")
+        _check_kind(kind)
         values = self.margins().detach().cpu().tolist()
         kinds = self.margin_kinds() if kind is None else [kind] * len(values)
-        return [[k, float(v)] for k, v in zip(kinds, values)]
+        return [[k, float(v)] for k, v in zip(kinds, values, strict=True)]
 
     # -- logging -----------------------------------------------------------
     def _layout(self) -> dict[str, dict[str, list[Any]]]:
@@ -439,21 +413,10 @@ class _OrdinalContrastiveLossBase(Loss):
 
     # -- the loss ----------------------------------------------------------
     def _check_inputs(self, prediction: Any, target: Any) -> None:
-        if not isinstance(prediction, torch.Tensor):
-            raise TypeError(f"prediction must be a torch.Tensor [batch, dim], got {type(prediction).__name__}")
-        if not prediction.is_floating_point():
-            raise TypeError(f"prediction must be a floating-point tensor, got dtype {prediction.dtype}; use .float()")
-        if prediction.dim() != 2:
-            raise ValueError(
-                f"prediction must be 2-D [batch, dim] (logits or features), got shape {tuple(prediction.shape)}; "
-                f"flatten it with prediction.flatten(1)"
-            )
-        if prediction.shape[0] == 0 or prediction.shape[1] == 0:
-            raise ValueError(f"prediction must be a non-empty [batch, dim] tensor, got shape {tuple(prediction.shape)}")
-        if not isinstance(target, torch.Tensor):
-            raise TypeError(f"target must be a torch.Tensor of integer labels [batch], got {type(target).__name__}")
-        if target.dtype == torch.bool or target.is_floating_point() or target.is_complex():
-            raise TypeError(f"target must hold integer class ids, got dtype {target.dtype}; cast with .long()")
+        check_tensor("prediction", prediction, floating=True, non_empty=True, layout="[batch, dim]")
+        check_tensor("prediction", prediction, dim=2, layout="[batch, dim]",
+                     hint="logits or features; flatten them with prediction.flatten(1)")
+        check_tensor("target", target, floating=False, layout="[batch]", holding="class ids")
         if target.dim() != 1 or target.shape[0] != prediction.shape[0]:
             raise ValueError(
                 f"target must be [batch] = [{prediction.shape[0]}] to match prediction, got shape "
@@ -483,7 +446,7 @@ class _OrdinalContrastiveLossBase(Loss):
                 "clipping or check the inputs (check_finite=False skips this check)"
             )
 
-    def forward(self, prediction: torch.Tensor, target: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+    def forward(self, prediction: torch.Tensor, target: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """CLOC loss of a batch.
 
         Args:
@@ -526,10 +489,7 @@ class _OrdinalContrastiveLossBase(Loss):
             sums, n_pos, n_neg = cloc_pair_hinge_sums(s, dmat, y, y_all, self_col)
             denom = n_pos * n_neg * n_neg if self.reduction == "official" else n_pos * n_neg
             per_anchor = sums / denom.clamp_min(1.0)
-            if self.gather_distributed:
-                loss = dist_utils.global_mean(per_anchor)
-            else:
-                loss = per_anchor.mean()
+            loss = dist_utils.global_mean(per_anchor) if self.gather_distributed else per_anchor.mean()
         self._log(step)
         return loss
 
@@ -538,7 +498,7 @@ class _OrdinalContrastiveLossBase(Loss):
                 f"gather_distributed={self.gather_distributed}, check_finite={self.check_finite}")
 
 
-class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # noqa: N801 - the reference's public name
+class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # the reference's public name
     """CLOC with multiple margins: one learnable or fixed margin between each pair of adjacent classes.
 
     Pitawela, Carneiro, Chen, "CLOC: Contrastive Learning for Ordinal Classification with
@@ -591,15 +551,15 @@ class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # noqa: N801 - th
     def __init__(
         self,
         n_classes: int,
-        device: Optional[torch.device | str] = None,
-        learnable_map: Optional[Sequence[Sequence[Any]]] = None,
-        summaryWriter: Any = None,  # noqa: N803 - the reference's public name
+        device: torch.device | str | None = None,
+        learnable_map: Sequence[Sequence[Any]] | None = None,
+        summaryWriter: Any = None,  # the reference's public name
         *,
         reduction: Reduction = "official",
         gather_distributed: bool = False,
         check_finite: bool = True,
     ) -> None:
-        n = _check_n_classes(n_classes)
+        n = check_int("n_classes", n_classes, 2, hint=_N_CLASSES_HINT)
         entries = _parse_learnable_map(learnable_map, n - 1, f"OrdinalContrastiveLoss_mm(n_classes={n})")
         super().__init__(n, reduction=reduction, gather_distributed=gather_distributed, check_finite=check_finite)
         raw = torch.stack([_init_raw(v) for _, v in entries]).float()
@@ -623,7 +583,7 @@ class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # noqa: N801 - th
         return self.fixed_raw.index_put((self.learnable_index,), self.learnables.to(self.fixed_raw.dtype))
 
 
-class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # noqa: N801 - the reference's public name
+class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # the reference's public name
     """CLOC with a single margin shared by every pair of adjacent classes.
 
     Same loss as :class:`OrdinalContrastiveLoss_mm` (Pitawela et al., CVPR 2025; reference
@@ -659,15 +619,15 @@ class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # noqa: N801 - th
     def __init__(
         self,
         n_classes: int,
-        device: Optional[torch.device | str] = None,
-        learnable_map: Optional[Sequence[Sequence[Any]]] = None,
-        summaryWriter: Any = None,  # noqa: N803 - the reference's public name
+        device: torch.device | str | None = None,
+        learnable_map: Sequence[Sequence[Any]] | None = None,
+        summaryWriter: Any = None,  # the reference's public name
         *,
         reduction: Reduction = "official",
         gather_distributed: bool = False,
         check_finite: bool = True,
     ) -> None:
-        n = _check_n_classes(n_classes)
+        n = check_int("n_classes", n_classes, 2, hint=_N_CLASSES_HINT)
         (kind, value), = _parse_learnable_map(learnable_map, 1, "OrdinalContrastiveLoss_sm (a single margin)")
         super().__init__(n, reduction=reduction, gather_distributed=gather_distributed, check_finite=check_finite)
         raw = _init_raw(value).float().reshape(1)
@@ -699,6 +659,5 @@ class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # noqa: N801 - th
     def to_learnable_map(self, kind: MarginKind | None = "fixed") -> list[list[Any]]:
         """The margin as a one-entry ``learnable_map`` (plain Python), e.g. ``[['fixed', 0.47]]``
         (``kind=None``: its current kind)."""
-        if kind is not None and kind not in _KINDS:
-            raise ValueError(f"kind must be 'fixed' or 'learnable' (or None: each margin's current kind), got {kind!r}")
+        _check_kind(kind)
         return [[kind or self.margin_kinds()[0], float(F.softplus(self.distance.detach()).cpu()[0])]]

@@ -28,16 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cloc_lightning.losses.base import Loss, LossOutput
+from cloc_lightning.validation import check_float, check_tensor
 
 __all__ = ["ordinal_clip_loss", "OrdinalCLIPLoss"]
-
-
-def _check_weight(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value >= 0 or value != value or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    return float(value)
 
 
 def ordinal_clip_loss(
@@ -63,17 +56,13 @@ def ordinal_clip_loss(
         ``(total, {"ce": ce, "kl": kl})``: ``total`` a float32 scalar with gradient; the parts are
         detached float32 scalars for logging.
     """
-    if not isinstance(logits, Tensor) or logits.dim() != 2:
-        raise ValueError(f"logits must be a [N, R] tensor, got {getattr(logits, 'shape', type(logits))}")
-    if not logits.is_floating_point():
-        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    check_tensor("logits", logits, dim=2, floating=True, layout="[N, R]", hint="images x ranks")
     n, num_ranks = logits.shape
     if n == 0 or num_ranks < 2:
         raise ValueError(f"logits must have N >= 1 rows and R >= 2 columns, got shape {tuple(logits.shape)}")
-    if not isinstance(labels, Tensor) or labels.shape != (n,):
-        raise ValueError(f"labels must be a [N]={n} tensor, got {getattr(labels, 'shape', type(labels))}")
-    if labels.is_floating_point() or labels.dtype == torch.bool or labels.is_complex():
-        raise TypeError(f"labels must be an integer tensor of ranks, got {labels.dtype}; cast with labels.long()")
+    check_tensor("labels", labels, floating=False, layout="[N]", holding="ranks")
+    if labels.shape != (n,):
+        raise ValueError(f"labels must be a [N]={n} tensor, got shape {tuple(labels.shape)}")
     labels = labels.long()
     if check_finite:
         ok = torch.isfinite(logits).all() & (labels >= 0).all() & (labels < num_ranks).all()
@@ -133,14 +122,14 @@ class OrdinalCLIPLoss(Loss):
         check_finite: bool = True,
     ) -> None:
         super().__init__()
-        self.ce_weight = _check_weight("ce_weight", ce_weight)
-        self.kl_weight = _check_weight("kl_weight", kl_weight)
+        self.ce_weight = check_float("ce_weight", ce_weight, minimum=0.0)
+        self.kl_weight = check_float("kl_weight", kl_weight, minimum=0.0)
         if self.ce_weight == 0 and self.kl_weight == 0:
             raise ValueError("ce_weight and kl_weight are both 0; at least one term must be used")
-        self.target_sharpness = _check_weight("target_sharpness", target_sharpness)
+        self.target_sharpness = check_float("target_sharpness", target_sharpness, minimum=0.0)
         self.check_finite = bool(check_finite)
 
-    def compute(self, logits: Tensor, labels: Tensor) -> LossOutput:  # type: ignore[override]
+    def compute(self, logits: Tensor, labels: Tensor) -> LossOutput:
         """``logits [N, R]``, ``labels [N]`` → ``LossOutput(total, {"ce", "kl"})`` (see :func:`ordinal_clip_loss`)."""
         total, parts = ordinal_clip_loss(
             logits, labels, self.ce_weight, self.kl_weight, self.target_sharpness, self.check_finite

@@ -90,7 +90,7 @@ may hold different batch sizes.
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +99,7 @@ from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
 from cloc_lightning.losses.base import Loss, LossOutput
+from cloc_lightning.validation import check_float, check_int, check_tensor
 
 __all__ = ["sigmoid_contrastive_loss", "SigmoidContrastiveLoss", "BLOCK_ELEMENTS"]
 
@@ -107,7 +108,15 @@ __all__ = ["sigmoid_contrastive_loss", "SigmoidContrastiveLoss", "BLOCK_ELEMENTS
 #: element-wise chain stays in cache.  Other devices process the whole matrix at once.
 BLOCK_ELEMENTS: int = 2**16
 
-Scalar = Union[float, int, torch.Tensor]
+Scalar = float | int | torch.Tensor
+
+#: what each number is, in its error messages
+_HINTS = {
+    "alpha": "the weight of the KL invariance term; 0 = off",
+    "gamma": "the confidence-penalty exponent; 0 = plain SigLIP",
+    "max_tau": "the upper clamp of exp(tau), e.g. 5.0",
+    "filtering_threshold": "penalties lie in [0, 1]",
+}
 
 
 # ----------------------------------------------------------------------------
@@ -216,7 +225,7 @@ class _SigmoidContrastive(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         xp_cols: torch.Tensor,
@@ -291,7 +300,7 @@ class _SigmoidContrastive(torch.autograd.Function):
         del buf
         ctx.square, ctx.alpha = square, alpha
         if need:
-            if store_kl and square:
+            if store_kl and square and gm is not None:
                 gl.add_(gm.t().contiguous(), alpha=alpha)  # merge: dL += alpha * (dKL/dL.T).T
             ctx.save_for_backward(x, xp_cols, xp_rows, x_cols, s, gl, gm if store_kl and not square else None)
         del gm
@@ -301,7 +310,7 @@ class _SigmoidContrastive(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g_loss: torch.Tensor | None, g_kl: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g_loss: torch.Tensor | None, g_kl: torch.Tensor | None) -> tuple[Any, ...]:
         x, xp_cols, xp_rows, x_cols, s, gl, gm = ctx.saved_tensors
         need = ctx.needs_input_grad
         grads: list[torch.Tensor | None] = [None] * 6  # x, xp_cols, xp_rows, x_cols, s, b
@@ -364,46 +373,10 @@ def _kl_gradients(
 # ----------------------------------------------------------------------------
 # validation
 # ----------------------------------------------------------------------------
-def _as_float(name: str, value: Any, *, minimum: float, strict: bool = False, hint: str = "") -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a number, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    bad = not math.isfinite(value) or value < minimum or (strict and value == minimum)
-    if bad:
-        rel = ">" if strict else ">="
-        raise ValueError(f"{name} must be finite and {rel} {minimum:g}{hint}, got {value!r}")
-    return value
-
-
-def _as_int(name: str, value: Any, minimum: int | None = None) -> int:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be an integer, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _check_features(x: Any, x_prime: Any) -> None:
     for name, t in (("x", x), ("x_prime", x_prime)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape [n, dim], got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}; cast with .float()")
-        if t.dim() != 2:
-            raise ValueError(
-                f"{name} must be [n, dim] (one row per sample), got shape {tuple(t.shape)}; "
-                "flatten the feature dims with .flatten(1)"
-            )
+        check_tensor(name, t, floating=True, layout="[n, dim]")
+        check_tensor(name, t, dim=2, layout="[n, dim]", hint="one row per sample; flatten the feature dims with .flatten(1)")
     if x.shape != x_prime.shape:
         raise ValueError(
             f"x and x_prime must have the same shape [n, dim] (row i of x and row i of x_prime are the two views "
@@ -416,15 +389,14 @@ def _check_features(x: Any, x_prime: Any) -> None:
 
 
 def _as_param(name: str, value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``tau`` / ``b`` as a 0-d tensor of ``dtype`` on ``device`` (a tensor keeps its graph)."""
     if isinstance(value, torch.Tensor):
+        check_tensor(name, value, floating=True)
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar (0-d or one-element tensor), got shape {tuple(value.shape)}")
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
         return value.reshape(()).to(device=device, dtype=dtype)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a scalar tensor or a number, got {type(value).__name__}")
-    return torch.tensor(float(value), dtype=dtype, device=device)
+    number = check_float(name, value, allow_inf=True, expect="a scalar tensor or a number")
+    return torch.tensor(number, dtype=dtype, device=device)
 
 
 def _row_mean_scale(n_local: int, distributed: bool, like: torch.Tensor) -> float | torch.Tensor:
@@ -502,12 +474,12 @@ def sigmoid_contrastive_loss(
         True
     """
     _check_features(x, x_prime)
-    alpha_f = _as_float("alpha", alpha, minimum=0.0, hint=" (weight of the KL invariance term; 0 = off)")
-    gamma_f = _as_float("gamma", gamma, minimum=0.0, hint=" (confidence-penalty exponent; 0 = plain SigLIP)")
-    max_tau_f = _as_float("max_tau", max_tau, minimum=0.0, strict=True, hint=" (upper clamp of exp(tau), e.g. 5.0)")
-    step = _as_int("global_step", global_step)
-    warmup = _as_int("filtering_warmup_steps", filtering_warmup_steps, minimum=0)
-    thr = _as_float("filtering_threshold", filtering_threshold, minimum=0.0, hint=" (penalties lie in [0, 1])")
+    alpha_f = check_float("alpha", alpha, minimum=0.0, hint=_HINTS["alpha"])
+    gamma_f = check_float("gamma", gamma, minimum=0.0, hint=_HINTS["gamma"])
+    max_tau_f = check_float("max_tau", max_tau, minimum=0.0, strict_minimum=True, hint=_HINTS["max_tau"])
+    step = check_int("global_step", global_step, hint="the optimiser step; -1 = unknown")
+    warmup = check_int("filtering_warmup_steps", filtering_warmup_steps, 0)
+    thr = check_float("filtering_threshold", filtering_threshold, minimum=0.0, hint=_HINTS["filtering_threshold"])
     dtype = torch.float64 if torch.float64 in (x.dtype, x_prime.dtype) else torch.float32
     device = x.device
     tau_t = _as_param("tau", tau, dtype, device)
@@ -589,14 +561,15 @@ class SigmoidContrastiveLoss(Loss):
         gather_distributed: bool = False,
     ) -> None:
         super().__init__()
-        init_tau = _as_float("init_tau", init_tau, minimum=-math.inf)
-        init_b = _as_float("init_b", init_b, minimum=-math.inf)
-        self.max_tau = _as_float("max_tau", max_tau, minimum=0.0, strict=True, hint=" (upper clamp of exp(tau))")
-        self.alpha = _as_float("alpha", alpha, minimum=0.0, hint=" (weight of the KL invariance term)")
-        self.gamma = _as_float("gamma", gamma, minimum=0.0, hint=" (confidence-penalty exponent)")
+        init_tau = check_float("init_tau", init_tau)
+        init_b = check_float("init_b", init_b)
+        self.max_tau = check_float("max_tau", max_tau, minimum=0.0, strict_minimum=True, hint=_HINTS["max_tau"])
+        self.alpha = check_float("alpha", alpha, minimum=0.0, hint=_HINTS["alpha"])
+        self.gamma = check_float("gamma", gamma, minimum=0.0, hint=_HINTS["gamma"])
         self.penalty_filtering = bool(penalty_filtering)
-        self.filtering_warmup_steps = _as_int("filtering_warmup_steps", filtering_warmup_steps, minimum=0)
-        self.filtering_threshold = _as_float("filtering_threshold", filtering_threshold, minimum=0.0)
+        self.filtering_warmup_steps = check_int("filtering_warmup_steps", filtering_warmup_steps, 0)
+        self.filtering_threshold = check_float("filtering_threshold", filtering_threshold, minimum=0.0,
+                                               hint=_HINTS["filtering_threshold"])
         self.gather_distributed = bool(gather_distributed)
         self.learnable = bool(learnable)
         tau_t = torch.tensor(init_tau)
@@ -623,7 +596,7 @@ class SigmoidContrastiveLoss(Loss):
         """The loss of online ``x`` [n, dim] against target ``x_prime`` [n, dim] (the parts: :meth:`compute`)."""
         return self.compute(x, x_prime, gamma, global_step).loss
 
-    def compute(  # type: ignore[override]
+    def compute(
         self, x: torch.Tensor, x_prime: torch.Tensor, gamma: float | None = None, global_step: int = -1
     ) -> LossOutput:
         """``LossOutput(loss, {"invariance": the KL term (detached; in the loss with weight alpha)})``.

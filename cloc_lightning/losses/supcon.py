@@ -29,14 +29,14 @@ How it is computed (no ``[N, N]`` masks are ever built):
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
-from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
-from cloc_lightning.losses.base import Loss, LossOutput
+from cloc_lightning.losses.base import Loss
+from cloc_lightning.validation import check_choice, check_float, check_int, check_tensor
 
 __all__ = [
     "SupConLoss",
@@ -46,7 +46,9 @@ __all__ = [
     "AUTO_TILE_ELEMENTS",
 ]
 
-TileSize = Union[int, None, Literal["auto"]]
+TileSize = int | None | Literal["auto"]
+#: ``'all'``: every view is an anchor; ``'one'``: only view 0 (SupContrast's ``contrast_mode``)
+ContrastMode = Literal["all", "one"]
 
 #: SupContrast's ``base_temperature`` (``losses.py``): the loss is multiplied by
 #: ``temperature / base_temperature``, and this stays 0.07 whatever the temperature.
@@ -80,7 +82,7 @@ class _DenseLSE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float
     ) -> torch.Tensor:
         z = torch.mm(anchors * inv_t, contrast.t())
@@ -95,7 +97,7 @@ class _DenseLSE(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_lse: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_lse: torch.Tensor) -> tuple[Any, ...]:
         anchors, contrast, e, row_sum = ctx.saved_tensors
         with torch.autocast(device_type=e.device.type, enabled=False):
             w = grad_lse.to(e.dtype).unsqueeze(1) * ctx.inv_t / row_sum  # [N_a, 1]
@@ -113,7 +115,7 @@ class _TiledLSE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float, block: int
     ) -> torch.Tensor:
         n_a = anchors.shape[0]
@@ -135,7 +137,7 @@ class _TiledLSE(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_lse: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_lse: torch.Tensor) -> tuple[Any, ...]:
         anchors, contrast, self_idx, lse = ctx.saved_tensors
         inv_t, block = ctx.inv_t, ctx.block
         need_a, need_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -174,68 +176,49 @@ def _self_excluded_lse(
     anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float, tile: int | None
 ) -> torch.Tensor:
     """``[N_a]`` log-sum-exp of ``anchors @ contrast.T * inv_t`` per row, skipping ``self_idx``."""
-    if tile is None:
-        return _DenseLSE.apply(anchors, contrast, self_idx, inv_t)
-    return _TiledLSE.apply(anchors, contrast, self_idx, inv_t, tile)
+    lse: torch.Tensor = (
+        _DenseLSE.apply(anchors, contrast, self_idx, inv_t)
+        if tile is None
+        else _TiledLSE.apply(anchors, contrast, self_idx, inv_t, tile)
+    )
+    return lse
 
 
 # ----------------------------------------------------------------------------
 # validation
 # ----------------------------------------------------------------------------
-def _check_positive_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite float (e.g. 0.07), got {value!r}")
-    return value
+def _check_temperature(name: str, value: Any) -> float:
+    return check_float(name, value, minimum=0.0, strict_minimum=True, expect="a positive finite float (e.g. 0.07)")
 
 
 def _check_hparams(
     temperature: Any, contrast_mode: Any, base_temperature: Any, tile_size: Any
-) -> tuple[float, str, float, TileSize]:
-    t = _check_positive_float("temperature", temperature)
-    if contrast_mode not in ("all", "one"):
-        raise ValueError(
-            f"contrast_mode must be 'all' (every view is an anchor) or 'one' (only view 0), got {contrast_mode!r}"
-        )
-    base_t = t if base_temperature is None else _check_positive_float("base_temperature", base_temperature)
+) -> tuple[float, ContrastMode, float, TileSize]:
+    t = _check_temperature("temperature", temperature)
+    mode = check_choice("contrast_mode", contrast_mode, ContrastMode,
+                        hint="'all': every view is an anchor, 'one': only view 0")
+    base_t = t if base_temperature is None else _check_temperature("base_temperature", base_temperature)
     if tile_size is not None and tile_size != "auto":
-        if isinstance(tile_size, bool) or not isinstance(tile_size, int):
-            raise TypeError(
-                f"tile_size must be a positive int (rows per block), None (dense) or 'auto', got {tile_size!r}"
-            )
-        if tile_size < 1:
-            raise ValueError(f"tile_size must be >= 1 rows per block (or None / 'auto'), got {tile_size}")
-    return t, contrast_mode, base_t, tile_size
+        check_int("tile_size", tile_size, 1, hint="rows per block; or None (dense) or 'auto'")
+    return t, mode, base_t, tile_size
 
 
 def _check_inputs(
     features: Any, labels: Any, mask: Any, gather_distributed: bool
 ) -> None:
-    if not isinstance(features, torch.Tensor):
-        raise TypeError(f"features must be a torch.Tensor of shape [bsz, n_views, dim], got {type(features).__name__}")
-    if not features.is_floating_point():
-        raise TypeError(f"features must be a floating-point tensor, got dtype {features.dtype}; cast with .float()")
-    if features.dim() != 3:
-        hint = (
-            "for a single view use features.unsqueeze(1); for several views torch.stack([v1, v2], dim=1)"
-            if features.dim() == 2
-            else "flatten the trailing dims with features.flatten(2)"
-        )
-        raise ValueError(f"features must be [bsz, n_views, dim], got shape {tuple(features.shape)}: {hint}")
-    bsz, n_views, dim = features.shape
-    if bsz == 0 or n_views == 0 or dim == 0:
-        raise ValueError(f"features must be non-empty [bsz, n_views, dim], got shape {tuple(features.shape)}")
+    check_tensor("features", features, floating=True, non_empty=True, layout="[bsz, n_views, dim]")
+    hint = (
+        "for a single view use features.unsqueeze(1); for several views torch.stack([v1, v2], dim=1)"
+        if features.dim() == 2
+        else "flatten the trailing dims with features.flatten(2)"
+    )
+    check_tensor("features", features, dim=3, layout="[bsz, n_views, dim]", hint=hint)
+    bsz = features.shape[0]
     if labels is not None and mask is not None:
         raise ValueError("pass either labels (supervised) or mask (explicit positives), not both")
     if labels is not None:
-        if not isinstance(labels, torch.Tensor):
-            raise TypeError(f"labels must be a torch.Tensor of shape [bsz], got {type(labels).__name__}")
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-            raise TypeError(f"labels must hold integer class ids, got dtype {labels.dtype}; cast with .long()")
-        if labels.dim() != 1:
-            raise ValueError(f"labels must be [bsz], got shape {tuple(labels.shape)}; use labels.view(-1)")
+        check_tensor("labels", labels, floating=False, layout="[bsz]", holding="class ids")
+        check_tensor("labels", labels, dim=1, layout="[bsz]", hint="use labels.view(-1)")
         if labels.shape[0] != bsz:
             raise ValueError(
                 f"labels has {labels.shape[0]} entries but features has batch size {bsz}: one label per "
@@ -247,8 +230,7 @@ def _check_inputs(
                 "an explicit mask relates local samples only and cannot be combined with gather_distributed=True; "
                 "pass labels instead, or set gather_distributed=False"
             )
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a torch.Tensor of shape [bsz, bsz], got {type(mask).__name__}")
+        check_tensor("mask", mask, layout="[bsz, bsz]")
         if tuple(mask.shape) != (bsz, bsz):
             raise ValueError(f"mask must be [bsz, bsz] = [{bsz}, {bsz}], got shape {tuple(mask.shape)}")
         if mask.is_complex():
@@ -316,7 +298,7 @@ def supcon_loss(
     mask: torch.Tensor | None = None,
     *,
     temperature: float = 0.07,
-    contrast_mode: Literal["all", "one"] = "all",
+    contrast_mode: ContrastMode = "all",
     base_temperature: float | None = DEFAULT_BASE_TEMPERATURE,
     gather_distributed: bool = False,
     tile_size: TileSize = "auto",
@@ -345,7 +327,7 @@ def _supcon(
     labels: torch.Tensor | None,
     mask: torch.Tensor | None,
     temperature: float,
-    contrast_mode: str,
+    contrast_mode: ContrastMode,
     base_temperature: float,
     gather_distributed: bool,
     tile_size: TileSize,
@@ -482,7 +464,7 @@ class SupConLoss(Loss):
     def __init__(
         self,
         temperature: float = 0.07,
-        contrast_mode: Literal["all", "one"] = "all",
+        contrast_mode: ContrastMode = "all",
         base_temperature: float | None = DEFAULT_BASE_TEMPERATURE,
         *,
         gather_distributed: bool = False,
@@ -507,7 +489,7 @@ class SupConLoss(Loss):
             labels,
             mask,
             temperature=self.temperature,
-            contrast_mode=self.contrast_mode,  # type: ignore[arg-type]
+            contrast_mode=self.contrast_mode,
             base_temperature=self.base_temperature,
             gather_distributed=self.gather_distributed,
             tile_size=self.tile_size,
