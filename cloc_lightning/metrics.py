@@ -26,12 +26,22 @@ import torch
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCohenKappa
 
-__all__ = ["ArgmaxMAE", "ExpectedRankMAE", "OffByOneAccuracy", "ordinal_metrics", "nominal_metrics", "build_metrics"]
+from cloc_lightning.validation import check_choice, check_tensor
 
+__all__ = [
+    "Task",
+    "ArgmaxMAE",
+    "ExpectedRankMAE",
+    "OffByOneAccuracy",
+    "ordinal_metrics",
+    "nominal_metrics",
+    "build_metrics",
+]
 
-def _check(scores: torch.Tensor, target: torch.Tensor) -> None:
-    if scores.ndim != 2 or target.ndim != 1 or scores.shape[0] != target.shape[0]:
-        raise ValueError(f"expected scores [B, C] and target [B], got {tuple(scores.shape)} and {tuple(target.shape)}")
+#: what the classes are: ranks (``ordinal``) or unordered categories (``nominal``)
+Task = Literal["ordinal", "nominal"]
+
+_INPUTS = "update(scores [B, C], target [B])"
 
 
 class _MeanMetric(Metric):
@@ -40,6 +50,8 @@ class _MeanMetric(Metric):
     is_differentiable = False
     higher_is_better: bool | None = None
     full_state_update = False
+    total: torch.Tensor
+    count: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -50,7 +62,10 @@ class _MeanMetric(Metric):
         raise NotImplementedError
 
     def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
-        _check(scores, target)
+        check_tensor("scores", scores, dim=2, layout="[B, C]", hint=_INPUTS)
+        check_tensor("target", target, dim=1, layout="[B]", hint=_INPUTS)
+        if scores.shape[0] != target.shape[0]:
+            raise ValueError(f"scores [B, C] and target [B] must agree in B, got {tuple(scores.shape)} and {tuple(target.shape)}")
         values = self._values(scores.detach(), target)
         self.total += values.double().sum()
         self.count += values.numel()
@@ -115,16 +130,13 @@ def ordinal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
 
 def nominal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
     """Top-1 and (for >= 5 classes) top-5 accuracy."""
-    metrics: dict[str, Metric] = {"acc": MulticlassAccuracy(num_classes=num_classes, average="micro")}
+    metrics: dict[str, Metric | MetricCollection] = {"acc": MulticlassAccuracy(num_classes=num_classes, average="micro")}
     if num_classes >= 5:
         metrics["acc_top5"] = MulticlassAccuracy(num_classes=num_classes, average="micro", top_k=5)
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 
-def build_metrics(task: Literal["ordinal", "nominal"], num_classes: int, prefix: str = "") -> MetricCollection:
+def build_metrics(task: Task, num_classes: int, prefix: str = "") -> MetricCollection:
     """The metric collection for ``task`` (``'ordinal'`` or ``'nominal'``)."""
-    if task == "ordinal":
-        return ordinal_metrics(num_classes, prefix)
-    if task == "nominal":
-        return nominal_metrics(num_classes, prefix)
-    raise ValueError(f"task must be 'ordinal' or 'nominal', got {task!r}")
+    check_choice("task", task, Task)
+    return ordinal_metrics(num_classes, prefix) if task == "ordinal" else nominal_metrics(num_classes, prefix)

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from cloc_lightning.callbacks._util import run_dir, tensorboard
 from cloc_lightning.plots import margin_figure, save_figure
+from cloc_lightning.validation import check_int
 
 __all__ = ["CLOCMarginFreeze", "CLOCMarginPlot"]
 
@@ -33,8 +34,8 @@ class CLOCMarginFreeze(Callback):
     """
 
     def __init__(self, freeze_at_epoch: int | None = None, filename: str = "cloc_margins.yaml") -> None:
-        if freeze_at_epoch is not None and freeze_at_epoch < 0:
-            raise ValueError(f"freeze_at_epoch must be >= 0 or null, got {freeze_at_epoch}")
+        if freeze_at_epoch is not None:
+            check_int("freeze_at_epoch", freeze_at_epoch, 0, hint="or null: never freeze, write the final margins")
         self.freeze_at_epoch = freeze_at_epoch
         self.filename = filename
         self.frozen_at: dict[str, int] | None = None
@@ -106,8 +107,7 @@ class CLOCMarginPlot(Callback):
     """
 
     def __init__(self, every_n_steps: int = 5, filename: str = "cloc_margins.png") -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        check_int("every_n_steps", every_n_steps, 1)
         self.every_n_steps = every_n_steps
         self.filename = filename
         self.steps: list[int] = []

@@ -17,8 +17,12 @@ from lightning.pytorch.callbacks import Callback
 
 from cloc_lightning.callbacks._util import run_dir, tensorboard
 from cloc_lightning.plots import confusion_figure, embedding_figure, save_figure
+from cloc_lightning.validation import check_choice
 
 __all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs"]
+
+#: how :class:`EmbeddingPlot` maps features to 2-D
+Projection = Literal["pca", "tsne"]
 
 
 def _write(trainer: L.Trainer, fig: Any, folder: str, filename: str, tag: str) -> str:
@@ -60,21 +64,20 @@ def collect_outputs(
     return torch.cat(feats)[:max_points].numpy(), lg, torch.cat(labels)[:max_points].numpy()
 
 
-def project_2d(x: np.ndarray, method: Literal["pca", "tsne"] = "pca", seed: int = 0) -> np.ndarray:
+def project_2d(x: np.ndarray, method: Projection = "pca", seed: int = 0) -> np.ndarray:
     """``[N, D] -> [N, 2]`` by PCA or t-SNE (scikit-learn; t-SNE after a 50-d PCA)."""
     from sklearn.decomposition import PCA
 
+    check_choice("method", method, Projection)
     if x.shape[1] <= 2:
         return np.pad(x, ((0, 0), (0, 2 - x.shape[1])))
     if method == "pca":
         return PCA(n_components=2, random_state=seed).fit_transform(x)
-    if method == "tsne":
-        from sklearn.manifold import TSNE
+    from sklearn.manifold import TSNE
 
-        if x.shape[1] > 50:
-            x = PCA(n_components=50, random_state=seed).fit_transform(x)
-        return TSNE(n_components=2, init="pca", random_state=seed, perplexity=min(30.0, max(5.0, len(x) / 10))).fit_transform(x)
-    raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}")
+    if x.shape[1] > 50:
+        x = PCA(n_components=50, random_state=seed).fit_transform(x)
+    return TSNE(n_components=2, init="pca", random_state=seed, perplexity=min(30.0, max(5.0, len(x) / 10))).fit_transform(x)
 
 
 class EmbeddingPlot(Callback):
@@ -89,10 +92,8 @@ class EmbeddingPlot(Callback):
         max_points: validation samples used.
     """
 
-    def __init__(self, method: Literal["pca", "tsne"] = "pca", max_points: int = 2000) -> None:
-        if method not in ("pca", "tsne"):
-            raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}")
-        self.method = method
+    def __init__(self, method: Projection = "pca", max_points: int = 2000) -> None:
+        self.method: Projection = check_choice("method", method, Projection)
         self.max_points = max_points
         self.path: str | None = None
 

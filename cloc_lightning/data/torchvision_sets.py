@@ -28,7 +28,6 @@ import pickle
 import socket
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Sequence
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -61,14 +60,10 @@ CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 
 
 def _reachable(url: str, timeout: float) -> str | None:
-    """``None`` if a TCP connection to ``url``'s host opens within ``timeout`` s, else the reason."""
-    parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
-            return None
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
+    """:func:`cloc_lightning.nn.hub.unreachable_reason`, imported when a download starts (not with the data modules)."""
+    from cloc_lightning.nn.hub import unreachable_reason
+
+    return unreachable_reason(url, timeout)
 
 
 def download_archive(url: str, root: str, filename: str, md5: str | None, what: str, fix: str, timeout: float = 10.0) -> None:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from cloc_lightning.nn.hub import load_pretrained
+from cloc_lightning.validation import check_choice
 
 __all__ = ["BackboneInit", "create_backbone", "apply_cifar_stem", "init_backbone"]
 
@@ -64,10 +65,8 @@ def init_backbone(model: nn.Module, scheme: BackboneInit = "kaiming") -> nn.Modu
     ``zero_init_last=True``; a ``cifar_stem`` convolution has PyTorch's default
     kaiming-uniform init).
     """
-    if scheme == "timm":
+    if check_choice("backbone init", scheme, BackboneInit) == "timm":
         return model
-    if scheme != "kaiming":
-        raise ValueError(f"backbone init must be 'timm' or 'kaiming', got {scheme!r}")
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -105,8 +104,7 @@ def create_backbone(
     """
     if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
         raise ValueError(f"Unknown timm backbone {name!r}.{_suggest(str(name))}")
-    if init not in ("timm", "kaiming"):
-        raise ValueError(f"backbone init must be 'timm' or 'kaiming', got {init!r}")
+    check_choice("backbone init", init, BackboneInit)
     if init != "timm" and pretrained not in (False, None) and str(pretrained).lower() != "false":
         raise ValueError(
             f"backbone_init={init!r} re-initialises the weights and would discard pretrained={pretrained!r}. "

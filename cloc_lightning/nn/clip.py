@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import difflib
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
-from .hub import PretrainedUnavailableError  # the project's one error for "weights not available"
+# the project's one error for "weights not available", and its offline / reachability checks;
+# HUB_PROBE_TIMEOUT_S is re-exported so that ``clip.HUB_PROBE_TIMEOUT_S = 1.0`` sets this module's probe
+from cloc_lightning.nn.hub import HUB_PROBE_TIMEOUT_S, PretrainedUnavailableError, hub_offline, unreachable_reason
+from cloc_lightning.validation import check_choice
 
 __all__ = [
     "PretrainedUnavailableError",
@@ -45,26 +46,11 @@ __all__ = [
     "resolve_clip_model",
     "build_open_clip_visual",
     "HUB_PROBE_TIMEOUT_S",
+    "Precision",
 ]
 
-#: Seconds allowed for the single reachability probe made before downloading a tag
-#: that is not cached (connect + first byte). Module-level so tests/users can change it.
-HUB_PROBE_TIMEOUT_S: float = 3.0
-
-_PRECISIONS = ("fp32", "fp16", "bf16", "pure_fp16", "pure_bf16", "amp", "amp_bf16", "amp_bfloat16")
-_TRUE_VALUES = {"1", "on", "yes", "true"}
-
-
-def _offline_mode() -> bool:
-    """True when the user asked huggingface_hub to stay offline (read at call time)."""
-    try:
-        from huggingface_hub import constants as hf_constants
-
-        if getattr(hf_constants, "HF_HUB_OFFLINE", False):
-            return True
-    except Exception:  # pragma: no cover - huggingface_hub is a dependency of open_clip
-        pass
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE_VALUES
+#: open_clip's ``precision`` values
+Precision = Literal["fp32", "fp16", "bf16", "pure_fp16", "pure_bf16", "amp", "amp_bf16", "amp_bfloat16"]
 
 
 def _close_model_names(name: str, available: list[str], n: int = 5) -> list[str]:
@@ -97,29 +83,6 @@ def _fix_hint(clip_model: str, tag: str) -> str:
         f"(python -c \"import open_clip; open_clip.create_model('{clip_model}', pretrained='{tag}')\") "
         "and copy the Hugging Face cache (HF_HOME) / ~/.cache/clip here."
     )
-
-
-def _probe(url: str, timeout: float) -> str | None:
-    """Return None if ``url``'s host answers an HTTP request within ``timeout`` s, else the error."""
-    if "/resolve/" in url:  # a Hugging Face hub file: use the hub client (proxies, tokens, endpoint)
-        from huggingface_hub import get_hf_file_metadata
-        from huggingface_hub.errors import HfHubHTTPError
-
-        try:
-            get_hf_file_metadata(url, timeout=timeout)
-            return None
-        except HfHubHTTPError:
-            return None  # the hub answered (e.g. 401/404); let the real download report it
-        except Exception as exc:  # connection refused, DNS failure, timeout, offline mode ...
-            return f"{type(exc).__name__}: {exc}"
-    try:
-        req = urllib.request.Request(url, method="HEAD")
-        with urllib.request.urlopen(req, timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None  # the host answered; let the real download report HTTP problems
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
 
 
 def _resolve_tag(clip_model: str, tag: str, cfg: dict[str, Any], cache_dir: str | None) -> str | None:
@@ -159,15 +122,15 @@ def _resolve_tag(clip_model: str, tag: str, cfg: dict[str, Any], cache_dir: str 
             from open_clip.pretrained import download_pretrained_from_url
 
             # verifies the checksum of the cached file; no network when it matches
-            return download_pretrained_from_url(url, cache_dir=clip_cache)
+            return str(download_pretrained_from_url(url, cache_dir=clip_cache))
         where.append(f"{target}")
         probe_url = url
-    if _offline_mode():
+    if hub_offline():
         raise PretrainedUnavailableError(
             f"pretrained={tag!r} for {clip_model!r} is not cached ({'; '.join(where)}) and "
             f"HF_HUB_OFFLINE is set, so it cannot be downloaded. {_fix_hint(clip_model, tag)}"
         )
-    err = _probe(probe_url, HUB_PROBE_TIMEOUT_S)
+    err = unreachable_reason(probe_url, HUB_PROBE_TIMEOUT_S)
     if err is not None:
         raise PretrainedUnavailableError(
             f"pretrained={tag!r} for {clip_model!r} is not cached ({'; '.join(where)}) and "
@@ -256,7 +219,7 @@ def resolve_clip_model(clip_model: str, pretrained: str | os.PathLike[str] | Non
 def load_clip(
     clip_model: str,
     pretrained: str | None,
-    precision: str = "fp32",
+    precision: Precision = "fp32",
     cache_dir: str | None = None,
 ) -> tuple[nn.Module, Any]:
     """Build an open_clip CLIP model and its tokenizer.
@@ -296,8 +259,7 @@ def load_clip(
     from open_clip.pretrained import get_pretrained_cfg, list_pretrained_tags_by_model
 
     _validate_model_name(clip_model)
-    if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {_PRECISIONS}, got {precision!r}")
+    check_choice("precision", precision, Precision)
     if pretrained is not None and not isinstance(pretrained, (str, os.PathLike)):
         raise TypeError(f"pretrained must be None, an open_clip tag or a file path, got {type(pretrained).__name__}")
     pretrained = os.fspath(pretrained) if pretrained else None
@@ -363,4 +325,5 @@ def build_open_clip_visual(
         cfg["quick_gelu"] = quick_gelu
     if "embed_dim" not in cfg or "vision_cfg" not in cfg:
         raise ValueError("build_open_clip_visual needs clip_model, or both embed_dim and vision_cfg")
-    return _build_vision_tower(cfg["embed_dim"], cfg["vision_cfg"], bool(cfg.get("quick_gelu", False)), None)
+    visual: nn.Module = _build_vision_tower(cfg["embed_dim"], cfg["vision_cfg"], bool(cfg.get("quick_gelu", False)), None)
+    return visual

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cloc_lightning.validation import check_int
+
 __all__ = ["MLPHead"]
 
 
@@ -41,8 +43,7 @@ class MLPHead(nn.Module):
         normalize: bool = False,
     ) -> None:
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        check_int("num_layers", num_layers, 1)
         layers: list[nn.Module] = []
         dim = in_dim
         for _ in range(num_layers - 1):
