@@ -1,6 +1,7 @@
 """One LightningModule per method, on a thin shared base."""
 
 from cloc_lightning.methods.base import BaseModule, ClassifierModule
+from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.methods.ce import CEModule
 from cloc_lightning.methods.cloc import CLOCModule
 from cloc_lightning.methods.linear_probe import LinearProbeModule
@@ -8,7 +9,7 @@ from cloc_lightning.methods.supcon import SupConModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.methods.relic import ReLICModule
 
-__all__ = ["BaseModule", "ClassifierModule", "CEModule", "CLOCModule"]
+__all__ = ["BaseModule", "ClassifierModule", "PretrainModule", "CEModule", "CLOCModule"]
 __all__ += ["LinearProbeModule", "SupConModule"]
 __all__ += ["OrdinalCLIPModule"]
 __all__ += ["ReLICModule"]

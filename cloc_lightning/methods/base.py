@@ -2,18 +2,27 @@
 
 :class:`BaseModule` owns what all methods share and nothing else:
 
-* the **backbone** (a timm model by name; hook :meth:`BaseModule.build_backbone`);
+* the **backbone** (a timm model by name; hook :meth:`BaseModule.build_backbone`, prepared
+  by :meth:`BaseModule.prepare_build`);
 * the **optimiser** and its per-step **schedule** (warm-up + cosine or step decay;
   hooks :meth:`BaseModule.param_groups` and :meth:`BaseModule.build_optimizer`);
-* the **checkpoint** of the best validation metric (``monitor`` / ``monitor_mode``).
+* the **checkpoint** of the best validation metric (``monitor`` / ``monitor_mode``) and what
+  a checkpoint records about the module and its encoder (:mod:`cloc_lightning.checkpoints`).
 
 :class:`ClassifierModule` adds a linear classification head, ordinal or nominal
 **metrics** (hook :meth:`ClassifierModule.build_metrics`) and the validation,
 test and predict steps used by every module that outputs class scores.
 
+Pre-training methods build on :class:`~cloc_lightning.methods.pretrain.PretrainModule`
+(this base plus the online linear probe / kNN evaluation).
+
 Every constructor takes explicit, typed arguments (LightningCLI builds ``--help``
 and validates YAML from them); subclasses forward the shared ones with
-``**kwargs``.  Subclassing a method in your own project::
+``**kwargs``.  Build order: ``BaseModule.__init__`` checks its arguments, saves the
+hyper-parameters of the whole constructor chain, calls :meth:`BaseModule.prepare_build`
+(a subclass reads its own ``self.hparams`` there and sets plain attributes) and then
+:meth:`BaseModule.build_backbone`; a subclass builds its other parts after
+``super().__init__`` returns.  Subclassing a method in your own project::
 
     class MyCLOC(CLOCModule):
         def build_backbone(self):
@@ -37,14 +46,24 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from torch import nn
 from torchmetrics import MetricCollection
 
+from cloc_lightning.checkpoints import (
+    DEFAULT_ENCODER_PREFIX, ENCODER_META_KEY, MODULE_META_KEY, check_checkpoint, encoder_metadata, module_record,
+)
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
+from cloc_lightning.validation import check_choice, check_float
 
-__all__ = ["BaseModule", "ClassifierModule", "LRInterval", "OptimizerName", "SchedulerName", "lr_factor"]
+__all__ = ["BaseModule", "ClassifierModule", "LRInterval", "OptimizerName", "SchedulerName", "Task", "lr_factor"]
 
 OptimizerName = Literal["adam", "adamw", "sgd", "radam"]
 SchedulerName = Literal["cosine", "step", "none"]
 LRInterval = Literal["step", "epoch"]
+#: a classifier's metrics: ``ordinal``, ``nominal`` or ``auto`` (the data module's ``task``)
+Task = Literal["auto", "ordinal", "nominal"]
+
+_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "radam": torch.optim.RAdam,
+}
 
 
 def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -172,9 +191,6 @@ class BaseModule(L.LightningModule):
             :meth:`on_before_backward` and :meth:`on_before_optimizer_step`).
     """
 
-    #: metric the default checkpoint callback monitors, and whether lower is better
-    monitor: str = "val/loss"
-    monitor_mode: Literal["min", "max"] = "min"
     #: constructor arguments not stored in ``hparams`` (non-serialisable objects)
     hparams_ignore: ClassVar[tuple[str, ...]] = ()
     #: state_dict key prefixes that ``init_from`` never loads
@@ -203,34 +219,47 @@ class BaseModule(L.LightningModule):
         check_finite_loss: bool = True,
     ) -> None:
         super().__init__()
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if optimizer not in ("adam", "adamw", "sgd", "radam"):
-            raise ValueError(f"optimizer must be adam|adamw|sgd|radam, got {optimizer!r}")
-        if scheduler not in ("cosine", "step", "none"):
-            raise ValueError(f"scheduler must be cosine|step|none, got {scheduler!r}")
-        if lr_interval not in ("step", "epoch"):
-            raise ValueError(f"lr_interval must be step|epoch, got {lr_interval!r}")
+        check_float("lr", lr, minimum=0.0, strict_minimum=True)
+        check_float("weight_decay", weight_decay, minimum=0.0)
+        check_choice("optimizer", optimizer, OptimizerName)
+        check_choice("scheduler", scheduler, SchedulerName)
+        check_choice("lr_interval", lr_interval, LRInterval)
+        check_choice("backbone_init", backbone_init, BackboneInit)
         if warmup_from is not None and (warmup_from < 0 or warmup_epochs <= 0):
             raise ValueError(
                 f"warmup_from={warmup_from} needs warmup_epochs > 0 (got {warmup_epochs}) and a value >= 0: it is the "
                 "learning rate of the first warm-up step. Set warmup_epochs (SupContrast: 10), or warmup_from: null."
             )
-        if backbone_init not in ("timm", "kaiming"):
-            raise ValueError(f"backbone_init must be timm|kaiming, got {backbone_init!r}")
         self.save_hyperparameters(ignore=list(self.hparams_ignore))
-        self.backbone, self.feature_dim = self.build_backbone()
         self._initialised_from: str | None = None
+        self.prepare_build()
+        self.backbone, self.feature_dim = self.build_backbone()
 
     # ------------------------------------------------------------------ hooks
+    def prepare_build(self) -> None:
+        """Set up what :meth:`build_backbone` needs; called by ``BaseModule.__init__`` before it.
+
+        Runs after ``save_hyperparameters()`` (``self.hparams`` holds the arguments of every
+        constructor in the chain, a subclass's own included) and after ``nn.Module``'s
+        initialisation, so a subclass can read its arguments from ``self.hparams`` and set
+        plain attributes here, although its own ``__init__`` has not yet returned from
+        ``super().__init__``.  The default does nothing.
+        """
+
     def build_backbone(self) -> tuple[nn.Module, int]:
         """Return ``(encoder, feature_dim)``; ``encoder(x)`` maps ``[B, 3, H, W]`` to ``[B, feature_dim]``."""
         h = self.hparams
-        return create_backbone(
-            h.backbone, h.pretrained, h.cifar_stem, init=h.get("backbone_init", "timm"), **(h.backbone_kwargs or {})
-        )
+        return create_backbone(h.backbone, h.pretrained, h.cifar_stem, init=h.backbone_init, **(h.backbone_kwargs or {}))
+
+    @property
+    def monitor(self) -> str:
+        """Metric the default checkpoint callback monitors (``val/loss``; overridden by subclasses)."""
+        return "val/loss"
+
+    @property
+    def monitor_mode(self) -> Literal["min", "max"]:
+        """Whether :attr:`monitor` is better lower (``min``) or higher (``max``)."""
+        return "min"
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Optimiser parameter groups; override to give parts their own lr/weight decay.
@@ -243,11 +272,9 @@ class BaseModule(L.LightningModule):
     def build_optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
         """Build the optimiser over ``groups`` from the ``optimizer``/``lr``/... arguments."""
         h = self.hparams
-        name = h.optimizer
-        if name == "sgd":
+        if h.optimizer == "sgd":
             return torch.optim.SGD(groups, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov)
-        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "radam": torch.optim.RAdam}[name]
-        return cls(groups, lr=h.lr, weight_decay=h.weight_decay)
+        return _OPTIMIZERS[h.optimizer](groups, lr=h.lr, weight_decay=h.weight_decay)
 
     def configure_optimizers(self) -> Any:
         groups = [g for g in self.param_groups() if len(list(g["params"])) > 0]
@@ -265,15 +292,13 @@ class BaseModule(L.LightningModule):
         else:
             per_epoch = total / max(1, self.trainer.max_epochs or 1)
         milestones = list(h.lr_milestones or [])
-        interval = h.get("lr_interval", "step")
-        warmup_from = h.get("warmup_from")
-        warmup_start = None if warmup_from is None else float(warmup_from) / float(h.lr)
+        warmup_start = None if h.warmup_from is None else float(h.warmup_from) / float(h.lr)
         max_epochs = self.trainer.max_epochs if (self.trainer.max_epochs or 0) > 0 else None
 
         def factor(step: int) -> float:
             return lr_factor(
                 step, total, per_epoch, h.scheduler, h.warmup_epochs, h.min_lr_ratio, milestones, h.lr_gamma,
-                interval=interval, warmup_start=warmup_start, max_epochs=max_epochs,
+                interval=h.lr_interval, warmup_start=warmup_start, max_epochs=max_epochs,
             )
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -360,7 +385,7 @@ class BaseModule(L.LightningModule):
         NaN loss would otherwise turn every weight NaN silently).  Under DDP the flag is
         summed over ranks, so every rank raises and none hangs.  Costs one host sync per step.
         """
-        if not self.hparams.get("check_finite_loss", True):
+        if not self.hparams.check_finite_loss:
             return
         from cloc_lightning import distributed as dist_utils
 
@@ -383,7 +408,7 @@ class BaseModule(L.LightningModule):
         gradients are already averaged, so every rank raises.  Skipped under fp16's
         ``GradScaler``, which skips such steps itself.
         """
-        if not self.hparams.get("check_finite_loss", True):
+        if not self.hparams.check_finite_loss:
             return
         trainer = self._trainer
         if trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None:
@@ -401,28 +426,34 @@ class BaseModule(L.LightningModule):
         )
 
     # ---------------------------------------------------------------- checkpoints
+    #: state_dict prefix of the encoder that frozen-encoder probes evaluate (:mod:`cloc_lightning.checkpoints`)
+    encoder_prefix: ClassVar[str] = DEFAULT_ENCODER_PREFIX
+
+    def encoder_metadata(self) -> dict[str, Any]:
+        """``checkpoint[ENCODER_META_KEY]``: class, :attr:`encoder_prefix` and encoder architecture
+        (:func:`cloc_lightning.checkpoints.encoder_metadata`); override to record another architecture."""
+        return encoder_metadata(self)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the module class and encoder architecture (:mod:`cloc_lightning.checkpoints`).
+        """Record the module class and encoder architecture (:mod:`cloc_lightning.checkpoints`), and the
+        encoder entry that ``cloc-lightning probe`` and ``LinearProbeModule(encoder_ckpt=...)`` read.
 
         Subclasses that override this hook call ``super().on_save_checkpoint(checkpoint)``.
         """
-        from cloc_lightning.checkpoints import MODULE_META_KEY, module_record
-
         checkpoint[MODULE_META_KEY] = module_record(self)
+        checkpoint[ENCODER_META_KEY] = self.encoder_metadata()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another module class or encoder, naming both (before any weight is loaded).
 
         Subclasses that override this hook call ``super().on_load_checkpoint(checkpoint)``.
         """
-        from cloc_lightning.checkpoints import check_checkpoint
-
         check_checkpoint(self, checkpoint)
 
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
         """Apply ``init_from`` once, unless a checkpoint is being resumed (``--ckpt_path``)."""
-        path = self.hparams.get("init_from")
+        path = self.hparams.init_from
         resuming = self._trainer is not None and self.trainer.ckpt_path is not None
         if path and not resuming and self._initialised_from != path:
             self.load_weights(path)
@@ -486,46 +517,6 @@ class BaseModule(L.LightningModule):
 
 
 
-class OnlineProbeEvalMixin:
-    """Monitor, validation, test and predict for pre-training modules that carry an online linear probe.
-
-    The module defines ``_eval_step(batch, stage)`` and ``self.probe`` (an
-    :class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe` or ``None``); predictions are
-    the probe's on :meth:`BaseModule.extract_features` (override that hook to change which
-    features the probe reads, as ReLIC does with its target encoder).
-    """
-
-    @property
-    def monitor(self) -> str:
-        """The online probe's validation accuracy, or the training loss without a probe."""
-        return "val/online_probe/acc" if self._probe_wanted() else "train/loss"
-
-    @property
-    def monitor_mode(self) -> Literal["min", "max"]:
-        return "max" if self._probe_wanted() else "min"
-
-    def _probe_wanted(self) -> bool:
-        return bool(self.hparams.get("online_probe", True))  # type: ignore[attr-defined]
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._eval_step(batch, "val")  # type: ignore[attr-defined]
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._eval_step(batch, "test")  # type: ignore[attr-defined]
-
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
-        """The online probe's ``{'pred', 'expected', 'probs'}`` (+ ``'target'``) for single-view batches."""
-        if self.probe is None:  # type: ignore[attr-defined]
-            raise ValueError(
-                f"{type(self).__name__}.predict needs the online probe (online_probe: true); "
-                "for embeddings call model.extract_features(images)"
-            )
-        x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)
-        out = self.probe.predict(self.extract_features(x))  # type: ignore[attr-defined]
-        if y is not None:
-            out["target"] = y
-        return out
-
 class ClassifierModule(BaseModule):
     """Backbone + linear head with ordinal/nominal metrics for validation, test and predict.
 
@@ -536,11 +527,10 @@ class ClassifierModule(BaseModule):
         **kwargs: :class:`BaseModule` arguments (backbone, optimiser, schedule).
     """
 
-    def __init__(self, num_classes: int, task: Literal["auto", "ordinal", "nominal"] = "auto", **kwargs: Any) -> None:
-        if not isinstance(num_classes, int) or num_classes < 2:
+    def __init__(self, num_classes: int, task: Task = "auto", **kwargs: Any) -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-        if task not in ("auto", "ordinal", "nominal"):
-            raise ValueError(f"task must be auto|ordinal|nominal, got {task!r}")
+        check_choice("task", task, Task)
         super().__init__(**kwargs)
         self.num_classes = num_classes
         self.task = task
@@ -572,11 +562,11 @@ class ClassifierModule(BaseModule):
         return "nominal" if task == "nominal" else "ordinal"
 
     @property
-    def monitor(self) -> str:  # type: ignore[override]
+    def monitor(self) -> str:
         return "val/acc" if self.resolved_task() == "nominal" else "val/mae"
 
     @property
-    def monitor_mode(self) -> Literal["min", "max"]:  # type: ignore[override]
+    def monitor_mode(self) -> Literal["min", "max"]:
         return "max" if self.resolved_task() == "nominal" else "min"
 
     # ---------------------------------------------------------------- lifecycle

@@ -23,7 +23,7 @@ from torch import nn
 
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
-from cloc_lightning.checkpoints import ENCODER_META_KEY, EncoderCheckpoint, encoder_metadata, load_encoder, load_encoder_weights
+from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
 
 __all__ = ["LinearProbeModule"]
 
@@ -115,27 +115,15 @@ class LinearProbeModule(ClassifierModule):
                 "(to probe timm's pretrained weights, train nothing in stage one: use a CEModule checkpoint or a state_dict file)"
             )
         kwargs.pop("pretrained", None)
-        enc: EncoderCheckpoint | None = None
-        if encoder_info is None:
-            if not encoder_ckpt:
-                raise ValueError(
-                    "LinearProbeModule needs encoder_ckpt: the checkpoint of a stage-one run, e.g. "
-                    "--model.encoder_ckpt runs/supcon/version_0/checkpoints/last.ckpt"
-                )
-            enc = load_encoder(encoder_ckpt, backbone, cifar_stem, backbone_kwargs)
-            info = enc.info()
-        else:  # reloading one of our own checkpoints: the weights come with its state_dict
-            info = dict(encoder_info)
-            for key, value in (("backbone", backbone), ("cifar_stem", cifar_stem), ("backbone_kwargs", backbone_kwargs)):
-                if value is not None:
-                    info[key] = value
-        # read by build_backbone() during the base constructor (before nn.Module attributes exist)
-        object.__setattr__(self, "_encoder_info", info)
+        if encoder_info is None and not encoder_ckpt:
+            raise ValueError(
+                "LinearProbeModule needs encoder_ckpt: the checkpoint of a stage-one run, e.g. "
+                "--model.encoder_ckpt runs/supcon/version_0/checkpoints/last.ckpt"
+            )
+        # backbone / cifar_stem / backbone_kwargs (overrides of the checkpoint's) are read with the
+        # stage-one checkpoint in prepare_build(), before the backbone is built
         super().__init__(
             num_classes=num_classes,
-            backbone=info["backbone"],
-            cifar_stem=bool(info.get("cifar_stem", False)),
-            backbone_kwargs=info.get("backbone_kwargs") or None,
             pretrained=False,
             optimizer=optimizer,
             lr=lr,
@@ -145,9 +133,9 @@ class LinearProbeModule(ClassifierModule):
             warmup_epochs=warmup_epochs,
             **kwargs,
         )
-        if enc is not None:
-            load_encoder_weights(self.backbone, enc)
-        self.hparams["encoder_info"] = info
+        if self._stage_one is not None:
+            load_encoder_weights(self.backbone, self._stage_one)
+            self._stage_one = None  # the weights now live in the backbone
         self.normalize_features = normalize_features
         self.backbone.requires_grad_(False)
         self.backbone.eval()
@@ -155,6 +143,26 @@ class LinearProbeModule(ClassifierModule):
         self.val_summary: dict[str, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ hooks
+    def prepare_build(self) -> None:
+        """Read the encoder architecture (and, the first time, its weights) before the backbone is built.
+
+        From ``encoder_ckpt``, or, when one of this module's own checkpoints is reloaded, from
+        the stored ``encoder_info`` (the weights then come with its ``state_dict``); explicit
+        ``backbone`` / ``cifar_stem`` / ``backbone_kwargs`` override it.  The result is stored
+        as ``hparams.encoder_info``, so this module's checkpoints reload without the stage-one file.
+        """
+        h = self.hparams
+        overrides = {"backbone": h.backbone, "cifar_stem": h.cifar_stem, "backbone_kwargs": h.backbone_kwargs}
+        self._stage_one: EncoderCheckpoint | None = None
+        if h.encoder_info is None:
+            self._stage_one = load_encoder(h.encoder_ckpt, h.backbone, h.cifar_stem, h.backbone_kwargs)
+            info = self._stage_one.info()
+        else:
+            info = dict(h.encoder_info)
+            info.update({k: v for k, v in overrides.items() if v is not None})
+        self._encoder_info: dict[str, Any] = info
+        self.hparams["encoder_info"] = info
+
     def build_backbone(self) -> tuple[nn.Module, int]:
         """The stage-one architecture (timm ``backbone`` with ``cifar_stem``/``backbone_kwargs``), randomly initialised.
 
@@ -274,13 +282,15 @@ class LinearProbeModule(ClassifierModule):
             self.log(f"{name}_final", e["final"], sync_dist=True)
             self.log(f"{name}_best", e["best"], sync_dist=True)
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the encoder's architecture, so this checkpoint can itself be probed (``cloc-lightning probe``),
-        and the validation history (final / best)."""
-        super().on_save_checkpoint(checkpoint)
-        meta = encoder_metadata(self)
+    def encoder_metadata(self) -> dict[str, Any]:
+        """The stage-one encoder's architecture, so this checkpoint can itself be probed (``cloc-lightning probe``)."""
+        meta = super().encoder_metadata()
         meta.update({k: self._encoder_info.get(k) for k in ("backbone", "cifar_stem", "backbone_kwargs")})
-        checkpoint[ENCODER_META_KEY] = meta
+        return meta
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the validation history (final / best) next to the base class's entries."""
+        super().on_save_checkpoint(checkpoint)
         checkpoint[self.VAL_HISTORY_KEY] = {k: dict(v) for k, v in self.val_summary.items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -7,7 +7,8 @@ https://github.com/HobbitLong/SupContrast (``main_supcon.py``, ``networks/resnet
 
 Stage one of the two-stage protocol; stage two (a linear classifier on the frozen
 encoder) is :class:`~cloc_lightning.methods.linear_probe.LinearProbeModule` or the
-offline scikit-learn probe :func:`~cloc_lightning.probe.probe_checkpoint`.
+offline scikit-learn probe :func:`~cloc_lightning.probe.probe_checkpoint`.  How to run
+both stages, and the settings that reproduce SupContrast: ``docs/methods/supcon.md``.
 """
 
 from __future__ import annotations
@@ -18,18 +19,20 @@ import torch
 from torch import nn
 
 from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
-from cloc_lightning.methods.base import BaseModule, OnlineProbeEvalMixin, OptimizerName, SchedulerName
+from cloc_lightning.methods.base import OptimizerName, SchedulerName
+from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.nn.heads import MLPHead
-from cloc_lightning.nn.online_probe import OnlineLinearProbe
-from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_metadata
+from cloc_lightning.validation import check_int, choices
 
 __all__ = ["SupConModule"]
+
+Method = Literal["supcon", "simclr"]
 
 #: temperatures of the SupContrast README's CIFAR commands (``--temp 0.1`` / ``--temp 0.5``)
 DEFAULT_TEMPERATURE = {"supcon": 0.1, "simclr": 0.5}
 
 
-class SupConModule(OnlineProbeEvalMixin, BaseModule):
+class SupConModule(PretrainModule):
     """Contrastive pre-training with :class:`~cloc_lightning.losses.SupConLoss` (SupCon, or SimCLR without labels).
 
     Each training batch holds ``n_views`` augmented views of every image (set
@@ -43,13 +46,10 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
     ``supcon`` mode: each such image gets a class of its own, so its positives are
     only its other views (SimCLR for those anchors, SupCon for the rest).
 
-    An :class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe` (``online_probe``) is
-    trained alongside on detached backbone features with its own cross-entropy and
-    optimiser group (``online_probe_lr``, no weight decay); it is what validation and
-    test report: ``val/online_probe/acc`` (+ ``acc_top5`` for nominal data; MAE, QWK,
-    ±1 accuracy for ordinal data) and what the best checkpoint monitors.  If the
-    validation batches are multi-view (a custom data module), the contrastive loss on
-    them is logged as ``val/loss`` too.
+    The online probe (:class:`~cloc_lightning.methods.pretrain.PretrainModule`) trains on
+    the detached backbone features of every view.  If the validation batches are
+    multi-view (a custom data module), the contrastive loss on them is logged as
+    ``val/loss`` too.
 
     Args:
         method: ``supcon`` (labels) or ``simclr`` (no labels).
@@ -62,52 +62,29 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         n_views: views per image the data module must deliver (checked every batch).
         projector_hidden_dim: hidden width of the projector (``None`` = feature dim).
         projector_dim: output dimension of the projector (128 in the paper).
-        num_classes: classes of the online probe; ``None`` = the data module's.
-        task: metrics of the probe: ``nominal``, ``ordinal`` or ``auto`` (the data
-            module's ``task``).
-        online_probe: train and report the online linear probe.
-        online_probe_lr: the probe's learning rate (``None`` = ``lr``).
         gather_distributed: under DDP, contrast against the global batch (features
             all-gathered with gradients); a no-op on one process.
         backbone, cifar_stem, optimizer, lr, weight_decay, momentum, scheduler,
             warmup_epochs, min_lr_ratio: as :class:`~cloc_lightning.methods.base.BaseModule`,
             with SupContrast's defaults: SGD (momentum 0.9, weight decay 1e-4), lr 0.05
-            (its default for batch 256; the README's batch 1024 uses 0.5), cosine to
-            ``lr * 1e-3`` after a linear warm-up.  The defaults run that cosine per step
-            after a warm-up from ~0 on timm's initialisation; SupContrast's exact
-            schedule (per epoch, warm-up from 0.01 with ``--warm``) and ResNet
-            initialisation are ``lr_interval: epoch``, ``warmup_from: 0.01`` and
-            ``backbone_init: kaiming`` (as in ``configs/supcon/cifar10.yaml``).
-        **kwargs: other :class:`~cloc_lightning.methods.base.BaseModule` arguments
-            (``pretrained``, ``backbone_kwargs``, ``nesterov``, ``lr_milestones``, ``lr_interval``,
-            ``warmup_from``, ``backbone_init``, ``init_from``, ...).
-
-    Example::
-
-        from cloc_lightning.data import ImageFolderDataModule, SupConViews
-
-        dm = ImageFolderDataModule("../shared/data/cifar10", batch_size=256, train_views=SupConViews(n_views=2))
-        model = SupConModule(method="supcon", backbone="resnet18", cifar_stem=True, lr=0.05)
-        L.Trainer(max_epochs=100).fit(model, datamodule=dm)
-        model(images)["features"]          # [B, 512] encoder features for a linear probe
+            (its default for batch 256), cosine to ``lr * 1e-3`` after a linear warm-up
+            (SupContrast's exact schedule and initialisation: ``docs/methods/supcon.md``).
+        **kwargs: :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
+            online probe: ``num_classes``, ``task``, ``online_probe``, ``online_probe_lr``,
+            ``knn_k``, ...) and other :class:`~cloc_lightning.methods.base.BaseModule` ones
+            (``pretrained``, ``nesterov``, ``lr_interval``, ``warmup_from``, ``backbone_init``,
+            ``init_from``, ...).
     """
-
-    #: state_dict prefix of the encoder that linear probes evaluate (see :mod:`cloc_lightning.probe`)
-    encoder_prefix: str = "backbone."
 
     def __init__(
         self,
-        method: Literal["supcon", "simclr"] = "supcon",
+        method: Method = "supcon",
         temperature: float | None = None,
         base_temperature: float | None = DEFAULT_BASE_TEMPERATURE,
         contrast_mode: Literal["all", "one"] = "all",
         n_views: int = 2,
         projector_hidden_dim: int | None = None,
         projector_dim: int = 128,
-        num_classes: int | None = None,
-        task: Literal["auto", "ordinal", "nominal"] = "auto",
-        online_probe: bool = True,
-        online_probe_lr: float | None = None,
         gather_distributed: bool = True,
         backbone: str = "resnet18",
         cifar_stem: bool = False,
@@ -120,20 +97,14 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         min_lr_ratio: float = 1e-3,
         **kwargs: Any,
     ) -> None:
-        if method not in ("supcon", "simclr"):
-            raise ValueError(f"method must be 'supcon' or 'simclr', got {method!r}")
-        if not isinstance(n_views, int) or n_views < 1:
-            raise ValueError(f"n_views must be an integer >= 1, got {n_views!r}")
+        if method not in choices(Method):
+            raise ValueError(f"method must be {' or '.join(map(repr, choices(Method)))}, got {method!r}")
+        check_int("n_views", n_views, 1)
         if method == "simclr" and n_views < 2:
             raise ValueError("simclr needs n_views >= 2 (the positives are the other views of the same image)")
-        if projector_dim < 1 or (projector_hidden_dim is not None and projector_hidden_dim < 1):
-            raise ValueError(f"projector dimensions must be >= 1, got {projector_hidden_dim} and {projector_dim}")
-        if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
-            raise ValueError(f"num_classes must be an integer >= 2 or null (= the data module's), got {num_classes!r}")
-        if task not in ("auto", "ordinal", "nominal"):
-            raise ValueError(f"task must be auto|ordinal|nominal, got {task!r}")
-        if online_probe_lr is not None and online_probe_lr <= 0:
-            raise ValueError(f"online_probe_lr must be > 0 (or null = lr), got {online_probe_lr}")
+        check_int("projector_dim", projector_dim, 1)
+        if projector_hidden_dim is not None:
+            check_int("projector_hidden_dim", projector_hidden_dim, 1)
         super().__init__(
             backbone=backbone,
             cifar_stem=cifar_stem,
@@ -151,46 +122,26 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
         self.temperature = float(temperature) if temperature is not None else DEFAULT_TEMPERATURE[method]
         self.projector = self.build_projector()
         self.criterion = self.build_loss()
-        self.probe: OnlineLinearProbe | None = None
-        if online_probe and num_classes is not None and task != "auto":
-            self.probe = self.build_online_probe(num_classes, task)
 
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
         """The projection head: ``[B, feature_dim] -> [B, projector_dim]``, L2-normalised."""
         h = self.hparams
-        hidden = h.get("projector_hidden_dim") or self.feature_dim
-        return MLPHead(self.feature_dim, hidden, h.get("projector_dim", 128), normalize=True)
+        return MLPHead(self.feature_dim, h.projector_hidden_dim or self.feature_dim, h.projector_dim, normalize=True)
 
     def build_loss(self) -> nn.Module:
         """The contrastive criterion on ``([bsz, n_views, dim], labels or None)``."""
         h = self.hparams
         return SupConLoss(
             temperature=self.temperature,
-            contrast_mode=h.get("contrast_mode", "all"),
-            # checkpoints of older versions stored ``None`` (then the default: tied) and keep that meaning
-            base_temperature=h.get("base_temperature", DEFAULT_BASE_TEMPERATURE),
-            gather_distributed=bool(h.get("gather_distributed", True)),
+            contrast_mode=h.contrast_mode,
+            base_temperature=h.base_temperature,  # None (tied to temperature) stays None, as in older checkpoints
+            gather_distributed=bool(h.gather_distributed),
         )
-
-    def build_online_probe(self, num_classes: int, task: Literal["nominal", "ordinal"]) -> OnlineLinearProbe:
-        """The online linear probe on backbone features."""
-        return OnlineLinearProbe(self.feature_dim, num_classes, task)
-
-    def param_groups(self) -> list[dict[str, Any]]:
-        """Backbone + projector with the base settings; the online probe in its own group (no weight decay)."""
-        probe_ids = {id(p) for p in self.probe.parameters()} if self.probe is not None else set()
-        model = [p for p in self.parameters() if p.requires_grad and id(p) not in probe_ids]
-        groups: list[dict[str, Any]] = [{"name": "model", "params": model}]
-        if self.probe is not None:
-            h = self.hparams
-            groups.append(self.probe.param_group(lr=h.get("online_probe_lr") or h.lr))
-        return groups
 
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
-        """``init_from``; check the data module's views; build the probe from its classes/task if needed."""
-        super().setup(stage)
+        """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
             if getattr(dm, "train_views", None) is None:
@@ -200,35 +151,7 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
                 )
             if dm.n_views != self.n_views:
                 raise ValueError(self._views_message(dm.n_views))
-        if not self._probe_wanted():
-            return
-        n = self.hparams.get("num_classes")
-        dm_classes = getattr(dm, "num_classes", None) if dm is not None else None
-        if n is not None and dm_classes is not None and dm_classes != n:
-            raise ValueError(
-                f"model.num_classes={n} but {type(dm).__name__} has {dm_classes} classes; "
-                f"set --model.init_args.num_classes {dm_classes} (or null to take the data module's)"
-            )
-        if self.probe is None:
-            if n is None:
-                if dm_classes is None:
-                    raise ValueError(
-                        f"{type(self).__name__} cannot size its online probe: set model.num_classes, "
-                        "or online_probe: false"
-                    )
-                n = int(dm_classes)
-            task = self.hparams.get("task", "auto")
-            if task == "auto":
-                task = getattr(dm, "task", "nominal") if dm is not None else "nominal"
-            self.probe = self.build_online_probe(n, task)
-            self.probe.to(self.device)
-            # stored so that checkpoints rebuild the probe in __init__ (load_from_checkpoint)
-            self.hparams["num_classes"] = n
-            self.hparams["task"] = task
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
+        super().setup(stage)
 
     # ------------------------------------------------------------------ views
     def _views_message(self, got: int) -> str:
@@ -281,22 +204,13 @@ class SupConModule(OnlineProbeEvalMixin, BaseModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         views, y = self.split_batch(batch, expect_views=True, owner=type(self).__name__)
         loss, feats = self.contrastive_loss(list(views), y)
-        bsz = y.shape[0]
+        bsz = int(y.shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
-        if self.probe is None:
-            return loss
-        probe_loss, logs = self.probe.training_step(feats, y.repeat(self.n_views))
-        self.log_dict(logs, batch_size=bsz)
-        return loss + probe_loss
+        return self.add_online_eval_loss(loss, feats, y.repeat(self.n_views), batch_size=bsz)
 
-    def _eval_step(self, batch: Any, stage: Literal["val", "test"]) -> None:
-        x, y = self.split_batch(batch, owner=type(self).__name__)
-        bsz = y.shape[0]
-        if isinstance(x, (list, tuple)):  # multi-view evaluation data: also the contrastive loss
-            loss, feats = self.contrastive_loss(list(x), y)
-            self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=bsz)
-            feats = feats[:bsz]
-        else:
-            feats = self.backbone(x)
-        if self.probe is not None:
-            self.log_dict(self.probe.eval_step(feats, y, stage), on_step=False, on_epoch=True, sync_dist=True, batch_size=bsz)
+    def eval_views(self, views: list[torch.Tensor], y: torch.Tensor, stage: Literal["val", "test"]) -> torch.Tensor:
+        """Multi-view evaluation data: log the contrastive loss; evaluate the first view's backbone features."""
+        bsz = int(y.shape[0])
+        loss, feats = self.contrastive_loss(views, y)
+        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=bsz)
+        return feats[:bsz]

@@ -11,7 +11,10 @@ of the final (offline) evaluation.
 a method only needs three lines (see the class docstring).  :func:`knn_predict` /
 :func:`knn_accuracy` are the weighted k-nearest-neighbour classifier of Wu et al.,
 "Unsupervised Feature Learning via Non-Parametric Instance Discrimination", CVPR
-2018 (also DINO's ``eval_knn.py``) on L2-normalised features.
+2018 (also DINO's ``eval_knn.py``) on L2-normalised features.  :class:`OnlineEvaluator`
+puts both together as the one online-evaluation component of a pre-training method
+(:class:`~cloc_lightning.methods.pretrain.PretrainModule`): the probe, a kNN bank of
+recent training features, their setup from the data module and their optimiser group.
 
 Labels ``< 0`` mark **unlabelled** samples (STL-10's unlabeled split): the probe
 skips them in its loss and metrics, and the kNN helpers reject them.
@@ -19,7 +22,7 @@ skips them in its loss and metrics, and the kNN helpers reject them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +30,15 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 
 from cloc_lightning.metrics import build_metrics
+from cloc_lightning.validation import check_choice, check_float, check_int, check_tensor
 
-__all__ = ["OnlineLinearProbe", "knn_predict", "knn_accuracy"]
+__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "knn_accuracy"]
 
 Stage = Literal["train", "val", "test"]
+#: metrics of a probe: ``nominal`` (top-1/top-5) or ``ordinal`` (MAE, QWK, ...)
+ProbeTask = Literal["nominal", "ordinal"]
+#: a method's ``task`` argument: a probe task, or ``auto`` (the data module's)
+Task = Literal["auto", "ordinal", "nominal"]
 
 
 class OnlineLinearProbe(nn.Module):
@@ -82,16 +90,11 @@ class OnlineLinearProbe(nn.Module):
             return [{"name": "model", "params": rest}, probe]
     """
 
-    def __init__(
-        self, in_dim: int, num_classes: int, task: Literal["nominal", "ordinal"] = "nominal", name: str = "online_probe"
-    ) -> None:
+    def __init__(self, in_dim: int, num_classes: int, task: ProbeTask = "nominal", name: str = "online_probe") -> None:
         super().__init__()
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"OnlineLinearProbe needs num_classes >= 2 (an integer), got {num_classes!r}")
-        if not isinstance(in_dim, int) or in_dim < 1:
-            raise ValueError(f"in_dim must be a positive integer, got {in_dim!r}")
-        if task not in ("nominal", "ordinal"):
-            raise ValueError(f"task must be 'nominal' or 'ordinal', got {task!r}")
+        check_int("num_classes", num_classes, 2, hint="OnlineLinearProbe needs at least 2 classes")
+        check_int("in_dim", in_dim, 1)
+        check_choice("task", task, ProbeTask)
         self.in_dim = in_dim
         self.num_classes = num_classes
         self.task = task
@@ -168,11 +171,6 @@ class OnlineLinearProbe(nn.Module):
         return f"task={self.task!r}, name={self.name!r}"
 
 
-def _check_features(name: str, x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.ndim != 2:
-        raise ValueError(f"{name} must be a tensor [N, D], got {getattr(x, 'shape', type(x).__name__)}")
-
-
 @torch.no_grad()
 def knn_predict(
     train_features: torch.Tensor,
@@ -198,16 +196,16 @@ def knn_predict(
     Returns:
         ``[M, C]`` vote scores (float32); ``argmax`` is the prediction.
     """
-    _check_features("train_features", train_features)
-    _check_features("query_features", query_features)
+    check_tensor("train_features", train_features, dim=2, hint="[N, D]")
+    check_tensor("query_features", query_features, dim=2, hint="[M, D]")
     if train_labels.ndim != 1 or train_labels.shape[0] != train_features.shape[0]:
         raise ValueError(f"train_labels must be [N] with N = {train_features.shape[0]}, got {tuple(train_labels.shape)}")
     if train_features.shape[1] != query_features.shape[1]:
         raise ValueError(f"feature dimensions differ: {train_features.shape[1]} (train) vs {query_features.shape[1]} (query)")
     if bool((train_labels < 0).any()):
         raise ValueError("train_labels contain negative (unlabelled) entries; drop them before the kNN probe")
-    if k < 1 or temperature <= 0:
-        raise ValueError(f"need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+    check_int("k", k, 1)
+    check_float("temperature", temperature, minimum=0.0, strict_minimum=True)
     c = int(train_labels.max()) + 1 if num_classes is None else num_classes
     train = F.normalize(train_features.float(), dim=1)
     query = F.normalize(query_features.float(), dim=1)
@@ -246,6 +244,180 @@ def knn_accuracy(
         top5 = scores.topk(5, dim=1).indices
         result["top5"] = float((top5 == y[:, None]).any(dim=1).float().mean())
     return result
+
+
+class OnlineEvaluator:
+    """The online evaluation of a pre-training method: an :class:`OnlineLinearProbe` and a kNN monitor.
+
+    One component that a method owns (:class:`~cloc_lightning.methods.pretrain.PretrainModule`
+    does) instead of writing the pieces itself:
+
+    * **the probe** (:attr:`probe`): built at construction when ``num_classes`` and ``task``
+      are given, else by :meth:`setup_from_datamodule` from the attached data module's
+      ``num_classes`` / ``task``; trained by :meth:`training_step` on detached features, in
+      its own optimiser group (:meth:`param_group`: ``online_probe_lr``, no weight decay);
+      reported by :meth:`eval_step` (``<stage>/online_probe/...``).
+    * **the kNN monitor** (``knn_k > 0``): :meth:`training_step` keeps the most recent
+      ``knn_bank_size`` labelled training features of this process; :meth:`eval_step`
+      classifies validation features against them (weighted kNN, :func:`knn_predict`,
+      logged as ``val/knn/acc``).  A training-time monitor: the bank is not checkpointed
+      and :meth:`reset` clears it (do so when weights are loaded).
+
+    The evaluator is not an ``nn.Module``: the method registers :attr:`probe` as its own
+    submodule (``PretrainModule.probe``), so the probe's parameters, ``state_dict`` keys
+    and optimiser group are the method's.
+
+    Args:
+        online_probe: train and report the probe.
+        num_classes: classes of the probe; ``None`` = the data module's.
+        task: probe metrics, ``nominal``, ``ordinal`` or ``auto`` (the data module's).
+        online_probe_lr: the probe's learning rate (``None`` = the method's ``lr``).
+        knn_k: neighbours of the kNN monitor (0 disables it).
+        knn_bank_size: training features kept for the kNN monitor.
+        knn_temperature: temperature of the kNN vote.
+    """
+
+    def __init__(
+        self,
+        online_probe: bool = True,
+        num_classes: int | None = None,
+        task: Task = "auto",
+        online_probe_lr: float | None = None,
+        knn_k: int = 0,
+        knn_bank_size: int = 4096,
+        knn_temperature: float = 0.07,
+    ) -> None:
+        if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2):
+            raise ValueError(f"num_classes must be an integer >= 2 or null (= the data module's), got {num_classes!r}")
+        self.enabled = bool(online_probe)
+        self.num_classes = num_classes
+        self.task: Task = check_choice("task", task, Task)
+        self.lr = None if online_probe_lr is None else check_float(
+            "online_probe_lr", online_probe_lr, minimum=0.0, strict_minimum=True, hint="or null = the method's lr"
+        )
+        self.knn_k = check_int("knn_k", knn_k, 0, hint="0 turns the kNN monitor off")
+        self.knn_bank_size = check_int("knn_bank_size", knn_bank_size, 1)
+        self.knn_temperature = check_float("knn_temperature", knn_temperature, minimum=0.0, strict_minimum=True)
+        self.probe: OnlineLinearProbe | None = None
+        self._bank_features: torch.Tensor | None = None
+        self._bank_labels: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ probe
+    @property
+    def monitor(self) -> str:
+        """What the best checkpoint monitors: the probe's ``val/online_probe/acc``, else ``train/loss``."""
+        return "val/online_probe/acc" if self.enabled else "train/loss"
+
+    @property
+    def monitor_mode(self) -> Literal["min", "max"]:
+        return "max" if self.enabled else "min"
+
+    def known_size(self) -> tuple[int, ProbeTask] | None:
+        """``(num_classes, task)`` when the probe can be built before the data module is known."""
+        if not self.enabled or self.num_classes is None or self.task == "auto":
+            return None
+        return self.num_classes, self.task
+
+    def build(self, num_classes: int, task: ProbeTask, factory: Callable[[int, ProbeTask], OnlineLinearProbe]) -> OnlineLinearProbe:
+        """Build the probe with ``factory(num_classes, task)`` and keep it (the owner registers it)."""
+        self.probe = factory(num_classes, task)
+        self.num_classes, self.task = num_classes, task
+        return self.probe
+
+    def setup_from_datamodule(
+        self, dm: Any, factory: Callable[[int, ProbeTask], OnlineLinearProbe], owner: str = "the module"
+    ) -> OnlineLinearProbe | None:
+        """Check ``num_classes`` against the data module's; build the probe if it is still missing.
+
+        Returns the newly built probe (``None`` if none was built); ``task='auto'`` takes the
+        data module's ``task`` (``nominal`` without one).
+        """
+        if not self.enabled:
+            return None
+        n = self.num_classes
+        dm_classes = getattr(dm, "num_classes", None) if dm is not None else None
+        if n is not None and dm_classes is not None and dm_classes != n:
+            raise ValueError(
+                f"model.num_classes={n} but {type(dm).__name__} has {dm_classes} classes; "
+                f"set --model.init_args.num_classes {dm_classes} (or null to take the data module's)"
+            )
+        if self.probe is not None:
+            return None
+        if n is None:
+            if dm_classes is None:
+                raise ValueError(f"{owner} cannot size its online probe: set model.num_classes, or online_probe: false")
+            n = int(dm_classes)
+        task = self.task
+        if task == "auto":
+            task = getattr(dm, "task", "nominal") if dm is not None else "nominal"
+        return self.build(n, task, factory)  # type: ignore[arg-type]
+
+    def param_group(self, base_lr: float) -> dict[str, Any] | None:
+        """The probe's optimiser group (``online_probe_lr`` or ``base_lr``, no weight decay); ``None`` without a probe."""
+        if self.probe is None:
+            return None
+        return self.probe.param_group(lr=self.lr or base_lr)
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, features: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """Remember labelled ``features`` [B, D] for the kNN monitor; the probe's ``(loss, logs)`` (``(None, {})`` without one).
+
+        Add ``loss`` to the method's loss (it reaches only the probe) and log ``logs``.
+        """
+        self._remember(features, y)
+        if self.probe is None:
+            return None, {}
+        return self.probe.training_step(features, y)
+
+    def eval_step(self, features: torch.Tensor, y: torch.Tensor, stage: Literal["val", "test"]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """``(probe logs, kNN accuracy)`` of evaluation ``features`` [B, D]; the kNN accuracy only for ``val``.
+
+        Log the probe's dict per epoch with the batch size, the kNN accuracy (``None`` when
+        there is nothing to report) with the number of labelled rows as batch size.
+        """
+        logs = self.probe.eval_step(features, y, stage) if self.probe is not None else {}
+        return logs, self.knn_accuracy(features, y) if stage == "val" else None
+
+    def require_probe(self, owner: str = "the module") -> OnlineLinearProbe:
+        """The probe, for predictions; a clear error without one."""
+        if self.probe is None:
+            raise ValueError(
+                f"{owner}.predict needs the online probe (online_probe: true); "
+                "for embeddings call model.extract_features(images)"
+            )
+        return self.probe
+
+    # ------------------------------------------------------------------ kNN monitor
+    def reset(self) -> None:
+        """Forget the kNN bank (its features belong to the weights they were computed with)."""
+        self._bank_features = self._bank_labels = None
+
+    @torch.no_grad()
+    def _remember(self, features: torch.Tensor, y: torch.Tensor) -> None:
+        if self.knn_k <= 0:
+            return
+        keep = y >= 0
+        if not bool(keep.any()):
+            return
+        f, lab = features[keep].detach().float(), y[keep].detach()
+        if self._bank_features is not None and self._bank_labels is not None and self._bank_features.device == f.device:
+            f = torch.cat([self._bank_features, f])
+            lab = torch.cat([self._bank_labels, lab])
+        self._bank_features, self._bank_labels = f[-self.knn_bank_size :], lab[-self.knn_bank_size :]
+
+    def knn_accuracy(self, features: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """Accuracy of the weighted kNN vote of the bank on the labelled rows; ``None`` when off, empty or unlabelled."""
+        keep = y >= 0
+        if self.knn_k <= 0 or self._bank_features is None or self._bank_labels is None or not bool(keep.any()):
+            return None
+        n_classes = self.probe.num_classes if self.probe is not None else None
+        if n_classes is None:
+            n_classes = int(max(int(self._bank_labels.max()), int(y[keep].max()))) + 1
+        with torch.autocast(device_type=features.device.type, enabled=False):  # float32 similarities and votes
+            scores = knn_predict(
+                self._bank_features, self._bank_labels, features[keep].float(), n_classes, self.knn_k, self.knn_temperature
+            )
+        return (scores.argmax(dim=1) == y[keep].to(scores.device)).float().mean()
 
 
 def _metric_values(logs: dict[str, Any]) -> dict[str, float]:

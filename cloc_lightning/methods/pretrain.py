@@ -1,0 +1,176 @@
+"""The base of self-supervised / contrastive pre-training methods.
+
+:class:`PretrainModule` is :class:`~cloc_lightning.methods.base.BaseModule` (backbone,
+optimiser, schedule, checkpoints) plus one online-evaluation component,
+:class:`~cloc_lightning.nn.online_probe.OnlineEvaluator` (a linear probe on detached
+features and a kNN monitor): its arguments and their checks, its setup from the data
+module, its optimiser group, the best-checkpoint monitor, and the validation, test and
+predict steps.  A method subclasses it with only what differs: its networks, its loss and
+its ``training_step``.  The SupCon/SimCLR and ReLIC modules are examples::
+
+    class MyMethod(PretrainModule):
+        def __init__(self, temperature: float = 0.1, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.projector = MLPHead(self.feature_dim, self.feature_dim, 128)
+
+        def training_step(self, batch, batch_idx):
+            (v1, v2), y = self.split_batch(batch, expect_views=True, owner=type(self).__name__)
+            f1, f2 = self.backbone(v1), self.backbone(v2)
+            loss = my_loss(self.projector(f1), self.projector(f2))
+            self.log("train/loss", loss)
+            return self.add_online_eval_loss(loss, f1, y)   # + the probe's CE, kNN bank update
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from cloc_lightning.methods.base import BaseModule
+from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, ProbeTask, Task
+
+__all__ = ["PretrainModule"]
+
+
+class PretrainModule(BaseModule):
+    """Backbone + online evaluation (linear probe and kNN monitor) for pre-training methods.
+
+    The online probe (``online_probe``) is an
+    :class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe` trained alongside the method
+    on detached features with its own cross-entropy and optimiser group
+    (``online_probe_lr``, no weight decay).  It is built in ``__init__`` when ``num_classes``
+    and ``task`` are given, else in :meth:`setup` from the data module (both are then stored
+    in ``hparams``, so checkpoints rebuild it).  Validation and test report
+    ``<stage>/online_probe/acc`` (+ ``acc_top5`` for nominal data; MAE, QWK, ±1 accuracy for
+    ordinal data), which the best checkpoint monitors (``train/loss`` without a probe);
+    with ``knn_k > 0`` validation also reports ``val/knn/acc``, a weighted kNN (Wu et al.
+    2018) against the most recent ``knn_bank_size`` labelled training features of this
+    process.  Predictions are the probe's on :meth:`extract_features` (override that hook to
+    change which features are evaluated, as ReLIC does with its target encoder).
+
+    Subclasses hand the evaluator their training features with
+    :meth:`add_online_eval_loss` (or ``self.online_eval.training_step``) and may override
+    :meth:`eval_views` (multi-view evaluation batches) and :meth:`build_online_probe`.
+
+    Args:
+        num_classes: classes of the online probe; ``None`` = the data module's.
+        task: probe metrics: ``nominal``, ``ordinal`` or ``auto`` (the data module's).
+        online_probe: train and report the online linear probe.
+        online_probe_lr: the probe's learning rate (``None`` = ``lr``).
+        knn_k: neighbours of the kNN monitor (0 disables it).
+        knn_bank_size: training features kept for the kNN monitor.
+        knn_temperature: temperature of the kNN vote.
+        **kwargs: :class:`~cloc_lightning.methods.base.BaseModule` arguments.
+    """
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        task: Task = "auto",
+        online_probe: bool = True,
+        online_probe_lr: float | None = None,
+        knn_k: int = 0,
+        knn_bank_size: int = 4096,
+        knn_temperature: float = 0.07,
+        **kwargs: Any,
+    ) -> None:
+        online_eval = OnlineEvaluator(online_probe, num_classes, task, online_probe_lr, knn_k, knn_bank_size, knn_temperature)
+        super().__init__(**kwargs)
+        #: the online-evaluation component (probe + kNN bank)
+        self.online_eval = online_eval
+        #: the online probe (registered here, so its parameters are ``probe.*``), or ``None``
+        self.probe: OnlineLinearProbe | None = None
+        size = online_eval.known_size()
+        if size is not None:
+            self.probe = online_eval.build(*size, factory=self.build_online_probe)
+
+    # ------------------------------------------------------------------ hooks
+    def build_online_probe(self, num_classes: int, task: ProbeTask) -> OnlineLinearProbe:
+        """The online linear probe on :meth:`extract_features`-sized features."""
+        return OnlineLinearProbe(self.feature_dim, num_classes, task)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every trainable parameter but the probe's with the base settings; the online probe in its own group."""
+        probe_ids = {id(p) for p in self.probe.parameters()} if self.probe is not None else set()
+        model = [p for p in self.parameters() if p.requires_grad and id(p) not in probe_ids]
+        groups: list[dict[str, Any]] = [{"name": "model", "params": model}]
+        probe = self.online_eval.param_group(base_lr=self.hparams.lr)
+        if probe is not None:
+            groups.append(probe)
+        return groups
+
+    @property
+    def monitor(self) -> str:
+        """The online probe's validation accuracy, or the training loss without a probe."""
+        return self.online_eval.monitor
+
+    @property
+    def monitor_mode(self) -> Literal["min", "max"]:
+        return self.online_eval.monitor_mode
+
+    # ---------------------------------------------------------------- lifecycle
+    def setup(self, stage: str) -> None:
+        """``init_from``; build the online probe from the data module's classes/task if it is still missing."""
+        super().setup(stage)
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        probe = self.online_eval.setup_from_datamodule(dm, self.build_online_probe, owner=type(self).__name__)
+        if probe is not None:
+            self.probe = probe.to(self.device)
+            # stored so that checkpoints rebuild the probe in __init__ (load_from_checkpoint)
+            self.hparams["num_classes"] = self.online_eval.num_classes
+            self.hparams["task"] = self.online_eval.task
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Forget the kNN bank: its features belong to the weights before the load."""
+        super().on_load_checkpoint(checkpoint)
+        self.online_eval.reset()
+
+    # -------------------------------------------------------------------- steps
+    def add_online_eval_loss(
+        self, loss: torch.Tensor, features: torch.Tensor, y: torch.Tensor, batch_size: int | None = None
+    ) -> torch.Tensor:
+        """``loss`` plus the probe's cross-entropy on detached ``features`` [N, D] (labels ``y`` [N]); logs the probe.
+
+        Also feeds the kNN bank.  Without a probe, ``loss`` itself.  ``batch_size``: what the
+        logs are weighted with (default ``N``; e.g. the images of a multi-view batch).
+        """
+        probe_loss, logs = self.online_eval.training_step(features, y)
+        if logs:
+            self.log_dict(logs, batch_size=int(y.shape[0]) if batch_size is None else batch_size)
+        return loss if probe_loss is None else loss + probe_loss
+
+    def eval_views(self, views: list[torch.Tensor], y: torch.Tensor, stage: Literal["val", "test"]) -> torch.Tensor:
+        """Multi-view evaluation batches: log the method's loss on them (if it wants) and return the evaluated features.
+
+        The default logs nothing and evaluates :meth:`extract_features` of the first view.
+        """
+        return self.extract_features(views[0])
+
+    def log_online_eval(self, features: torch.Tensor, y: torch.Tensor, stage: Literal["val", "test"]) -> None:
+        """Update and log the probe's ``<stage>/online_probe/*`` metrics and (``val``) the kNN accuracy."""
+        logs, knn = self.online_eval.eval_step(features, y, stage)
+        if logs:
+            self.log_dict(logs, on_step=False, on_epoch=True, sync_dist=True, batch_size=int(y.shape[0]))
+        if knn is not None:
+            self.log(f"{stage}/knn/acc", knn, on_step=False, on_epoch=True, sync_dist=True, batch_size=int((y >= 0).sum()))
+
+    def _eval_step(self, batch: Any, stage: Literal["val", "test"]) -> None:
+        x, y = self.split_batch(batch, owner=type(self).__name__)
+        features = self.eval_views(list(x), y, stage) if isinstance(x, (list, tuple)) else self.extract_features(x)
+        self.log_online_eval(features, y, stage)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, torch.Tensor]:
+        """The online probe's ``{'pred', 'expected', 'probs'}`` (+ ``'target'``) for single-view batches."""
+        probe = self.online_eval.require_probe(owner=type(self).__name__)
+        x, y = batch if isinstance(batch, (list, tuple)) else (batch, None)
+        out = probe.predict(self.extract_features(x))
+        if y is not None:
+            out["target"] = y
+        return out
