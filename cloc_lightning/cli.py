@@ -21,15 +21,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
-import cloc_lightning.data  # noqa: F401  (registers the data modules)
+import cloc_lightning.data  # registers the data modules (also imported for BaseDataModule below)
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning.callbacks import PredictionWriter
+from cloc_lightning.commands import COMMANDS
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods.base import BaseModule
 
@@ -42,32 +44,9 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     },
 }
 
-#: extra sub-commands (name -> callable(argv)); methods register theirs here
-EXTRA_COMMANDS: dict[str, Any] = {}
-
-
-def _probe_command(argv: list[str]) -> None:
-    """Linear probe (scikit-learn) of a checkpoint's frozen encoder on a data module.
-
-    ``cloc-lightning probe``, see :func:`cloc_lightning.probe.main`.
-    """
-    from cloc_lightning.probe import main as probe_main
-
-    probe_main(argv)
-
-
-def _export_prototypes_command(argv: list[str]) -> None:
-    """OrdinalCLIP checkpoint -> prototype classifier file (export-prototypes CKPT OUT).
-
-    ``cloc-lightning export-prototypes``, see :func:`cloc_lightning.methods.ordinal_clip.export_prototypes_main`.
-    """
-    from cloc_lightning.methods.ordinal_clip import export_prototypes_main
-
-    export_prototypes_main(argv)
-
-
-EXTRA_COMMANDS["probe"] = _probe_command
-EXTRA_COMMANDS["export-prototypes"] = _export_prototypes_command
+#: the sub-commands beside LightningCLI's (``probe``, ``export-prototypes``): the registry of
+#: :mod:`cloc_lightning.commands` (this name is kept for older code that registers commands here)
+EXTRA_COMMANDS: dict[str, Callable[[list[str] | None], Any]] = COMMANDS
 
 
 class CLOCLightningCLI(LightningCLI):
@@ -139,19 +118,14 @@ class CLOCLightningCLI(LightningCLI):
             _print0(self.trainer, f"--ckpt_path {given}: resuming from {path} ({info}); logging into {folder}")
         _pin_logger_version(self.trainer, None)  # fix the folder now: ddp_spawn workers and the main process agree
 
-    def before_fit(self) -> None:
+    def _before_subcommand(self) -> None:
+        """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions."""
         self._resolve_ckpt_path()
+        callbacks: list[Any] = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
+        if self.subcommand == "predict" and not any(isinstance(cb, PredictionWriter) for cb in callbacks):
+            callbacks.append(PredictionWriter())
 
-    def before_validate(self) -> None:
-        self._resolve_ckpt_path()
-
-    def before_test(self) -> None:
-        self._resolve_ckpt_path()
-
-    def before_predict(self) -> None:
-        self._resolve_ckpt_path()
-        if not any(isinstance(cb, PredictionWriter) for cb in self.trainer.callbacks):
-            self.trainer.callbacks.append(PredictionWriter())
+    before_fit = before_validate = before_test = before_predict = _before_subcommand
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -165,15 +139,6 @@ class CLOCLightningCLI(LightningCLI):
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
         self._closing_lines(best)
 
-    def after_validate(self) -> None:
-        self._closing_lines()
-
-    def after_test(self) -> None:
-        self._closing_lines()
-
-    def after_predict(self) -> None:
-        self._closing_lines()
-
     def _closing_lines(self, best: str = "") -> None:
         """``logs (TensorBoard): <run folder>`` (and the best checkpoint after fit), printed by rank 0."""
         trainer = self.trainer
@@ -183,6 +148,8 @@ class CLOCLightningCLI(LightningCLI):
                 print(f"logs (TensorBoard): {log_dir}")
             if best:
                 print(f"best checkpoint: {best}")
+
+    after_validate = after_test = after_predict = _closing_lines
 
 
 def _first_line(fn: Any) -> str:
@@ -198,10 +165,12 @@ def _print0(trainer: Any, message: str) -> None:
 
 def _read_checkpoint(path: str) -> dict[str, Any]:
     """A checkpoint's metadata without reading its tensors into memory (memory-mapped; Lightning loads it again)."""
+    ckpt: dict[str, Any]
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-        return torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return ckpt
 
 
 def _checkpoint_position(path: str) -> str:
@@ -279,7 +248,11 @@ def _raw_trainer_values(cfg: Any, raw_args: list[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for path in cfg.get("config") or []:
         try:
-            text = path.get_content() if hasattr(path, "get_content") else open(str(path)).read()
+            if hasattr(path, "get_content"):
+                text = path.get_content()
+            else:
+                with open(str(path)) as f:
+                    text = f.read()
             data = yaml.safe_load(text) or {}
         except (OSError, TypeError, ValueError, yaml.YAMLError):
             continue
@@ -414,7 +387,7 @@ def main(args: list[str] | None = None) -> None:
             save_config_kwargs={"overwrite": True},
             args=None if args is None else argv,
         )
-    except Exception as e:  # noqa: BLE001 - re-raised unless it is the library's own message
+    except Exception as e:  # re-raised unless it is the library's own message
         err = None if debug else library_error(e)
         if err is None:
             raise

@@ -11,7 +11,8 @@ Three layers, usable on their own:
   no gradients) and returns NumPy arrays; unlabelled rows (label < 0) are dropped.
 * **The offline probe** -- :func:`logistic_regression_probe`: scikit-learn
   ``LogisticRegression`` on frozen features.  :func:`probe_checkpoint` chains all three
-  for a checkpoint and a data module, and ``cloc-lightning probe`` is its command line.
+  for a checkpoint and a data module, and ``cloc-lightning probe``
+  (:func:`cloc_lightning.commands.probe_main`) is its command line.
 
 Probe presets (:data:`PROBE_PRESETS`; ``preset=`` / ``--preset``; explicitly given
 settings override the preset's):
@@ -42,10 +43,8 @@ the architecture given explicitly (``backbone=...``).
 
 from __future__ import annotations
 
-import json
-import math
-import os
-from typing import Any, Callable, Literal, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -62,9 +61,11 @@ from cloc_lightning.checkpoints import (
     load_encoder,
     load_encoder_weights,
 )
+from cloc_lightning.validation import check_choice
 
 __all__ = [
     "PROBE_PRESETS",
+    "ProbeSplit",
     "probe_settings",
     "ENCODER_META_KEY",
     "DEFAULT_ENCODER_PREFIX",
@@ -72,6 +73,7 @@ __all__ = [
     "encoder_metadata",
     "encoder_state_dict",
     "load_encoder",
+    "load_encoder_weights",
     "build_encoder",
     "extract_features",
     "logistic_regression_probe",
@@ -88,6 +90,9 @@ PROBE_PRESETS: dict[str, dict[str, Any]] = {
     "sigmoid_cl": {"C": 1.0, "max_iter": 100, "normalize": True, "standardize": False, "calibrated": True},
 }
 
+#: the split :func:`probe_checkpoint` scores
+ProbeSplit = Literal["test", "val"]
+
 
 def probe_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any]:
     """The probe settings of ``preset`` (``None`` = ``'default'``) with the non-``None`` ``overrides`` applied.
@@ -95,8 +100,7 @@ def probe_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any
     Keys: ``C``, ``max_iter``, ``normalize``, ``standardize``, ``calibrated``.
     """
     name = preset or "default"
-    if name not in PROBE_PRESETS:
-        raise ValueError(f"unknown probe preset {name!r}; choose one of {sorted(PROBE_PRESETS)}")
+    check_choice("probe preset", name, tuple(PROBE_PRESETS))
     unknown = set(overrides) - set(PROBE_PRESETS[name])
     if unknown:
         raise TypeError(f"unknown probe settings {sorted(unknown)}; known: {sorted(PROBE_PRESETS[name])}")
@@ -109,7 +113,7 @@ def probe_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any
 @torch.no_grad()
 def extract_features(
     encoder: nn.Module | Callable[[torch.Tensor], torch.Tensor],
-    dataloader: DataLoader | Sequence[Any],
+    dataloader: DataLoader[Any] | Sequence[Any],
     device: str | torch.device = "cpu",
     normalize: bool = False,
     drop_unlabelled: bool = True,
@@ -159,7 +163,7 @@ def extract_features(
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def labelled_loader(loader: DataLoader) -> DataLoader:
+def labelled_loader(loader: DataLoader[Any]) -> DataLoader[Any]:
     """``loader`` restricted to its labelled samples (for probes on STL-10 ``train+unlabeled``).
 
     Works on our data modules' loaders (a :class:`~cloc_lightning.data.base.TransformedSubset`
@@ -258,7 +262,7 @@ def probe_checkpoint(
     standardize: bool | None = None,
     backbone: str | None = None,
     cifar_stem: bool | None = None,
-    split: str = "test",
+    split: ProbeSplit = "test",
     calibrated: bool | None = None,
     preset: str | None = None,
 ) -> dict[str, Any]:
@@ -278,8 +282,7 @@ def probe_checkpoint(
     settings = probe_settings(
         preset, C=C, max_iter=max_iter, normalize=normalize, standardize=standardize, calibrated=calibrated
     )
-    if split not in ("test", "val"):
-        raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+    check_choice("split", split, ProbeSplit)
     enc = load_encoder(ckpt_path, backbone, cifar_stem)
     encoder, _ = build_encoder(enc)
     datamodule.setup("fit")
@@ -299,75 +302,11 @@ def probe_checkpoint(
 
 # ----------------------------------------------------------------- command
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``cloc-lightning probe``: offline logistic-regression probe of a checkpoint's encoder.
+    """``cloc-lightning probe``; kept here for older imports, the command is :func:`cloc_lightning.commands.probe_main`."""
+    from cloc_lightning.commands import probe_main  # the command module imports this library, not the reverse
 
-    ::
-
-        cloc-lightning probe --ckpt runs/supcon/version_0/checkpoints/last.ckpt \\
-            --data ImageFolderDataModule --data.root ../shared/data/cifar10 --data.num_workers 2
-        cloc-lightning probe --config probe.yaml        # keys: ckpt, data, C, max_iter, ...
-        cloc-lightning probe --preset sigmoid_cl --ckpt relic.ckpt --data ...   # the ReLIC-sigmoid seed's probe
-
-    ``--preset`` (``default`` or ``sigmoid_cl``, :data:`PROBE_PRESETS`) sets ``C``,
-    ``max_iter``, ``normalize``, ``standardize`` and ``calibrated``; any of them given
-    explicitly overrides the preset.
-    """
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    import cloc_lightning.data  # noqa: F401  (registers the data modules)
-    from cloc_lightning.data.base import BaseDataModule
-
-    parser = ArgumentParser(
-        prog="cloc-lightning probe",
-        description="Fit scikit-learn LogisticRegression on frozen encoder features of a checkpoint; print top-1/top-5.",
-        env_prefix="CLOC_PROBE",
-        default_env=False,
-    )
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
-    parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module (train: probe fit, test: score)")
-    parser.add_argument(
-        "--preset", type=Literal["default", "sigmoid_cl"], default="default",
-        help="probe protocol: 'default' (C 1, max_iter 1000, standardised, unnormalised features) or 'sigmoid_cl' "
-        "(the ReLIC-sigmoid seed: CalibratedClassifierCV(LogisticRegression(max_iter=100)) on L2-normalised, "
-        "unstandardised features); the options below override it",
-    )
-    parser.add_argument("--C", type=Optional[float], default=None, help="inverse L2 regularisation of LogisticRegression (preset: 1.0)")
-    parser.add_argument("--max_iter", type=Optional[int], default=None, help="L-BFGS iterations (preset: 1000 / sigmoid_cl 100)")
-    parser.add_argument("--normalize", type=Optional[bool], default=None, help="L2-normalise features before the probe (preset: false / sigmoid_cl true)")
-    parser.add_argument("--standardize", type=Optional[bool], default=None, help="standardise features, training-set statistics (preset: true / sigmoid_cl false)")
-    parser.add_argument("--calibrated", type=Optional[bool], default=None, help="wrap the classifier in CalibratedClassifierCV (preset: false / sigmoid_cl true)")
-    parser.add_argument("--backbone", type=Optional[str], default=None, help="override the checkpoint's timm backbone name")
-    parser.add_argument("--cifar_stem", type=Optional[bool], default=None, help="override the checkpoint's cifar_stem")
-    parser.add_argument("--split", type=str, default="test", help="test or val")
-    parser.add_argument("--device", type=str, default="cpu")
-    parser.add_argument("--output", type=Optional[str], default=None, help="also write the result as JSON here")
-    cfg = parser.parse_args(argv)
-    if cfg.preset not in PROBE_PRESETS:
-        parser.error(f"--preset must be one of {sorted(PROBE_PRESETS)}, got {cfg.preset!r}")
-    init = parser.instantiate_classes(cfg)
-    result = probe_checkpoint(
-        cfg.ckpt, init.data, device=cfg.device, C=cfg.C, max_iter=cfg.max_iter, normalize=cfg.normalize,
-        standardize=cfg.standardize, backbone=cfg.backbone, cifar_stem=cfg.cifar_stem, split=cfg.split,
-        calibrated=cfg.calibrated, preset=cfg.preset,
-    )
-    settings = ", ".join(f"{k}={v}" for k, v in result["settings"].items())
-    lines = [
-        f"probe ({result['split']}) of {result['encoder']}, backbone {result['backbone']}:",
-        f"  preset {result['preset']}: {settings}",
-    ]
-    for k in ("top1", "top5", "train_top1"):
-        if k in result and math.isfinite(result[k]):
-            lines.append(f"  {k}: {100 * result[k]:.2f}%")
-    lines.append(f"  n_train={int(result['n_train'])} n_test={int(result['n_test'])} n_features={int(result['n_features'])}")
-    print("\n".join(lines))
-    if cfg.output:
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
-        with open(cfg.output, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+    return probe_main(argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
     main()
-

@@ -7,25 +7,26 @@ https://github.com/xk-huang/OrdinalCLIP (``ordinalclip/models/ordinalclip.py``,
 
 Every rank r has a prompt ``[SOT] context rank_r . [EOT]`` whose feature from CLIP's frozen
 text encoder is the rank's *language prototype* ``t_r`` (:class:`~cloc_lightning.nn.prompt_learner.RankPromptLearner`).
-An image with features ``f`` gets the logits ``exp(logit_scale) * cos(f, t_r)`` for ``r = 0..R-1``,
-trained with CE over ranks + KL over the batch per rank
-(:class:`~cloc_lightning.losses.rank_prompt.OrdinalCLIPLoss`).  After training the R
-prototypes are fixed vectors: :meth:`OrdinalCLIPModule.export_prototypes` (or
+An image with features ``f`` gets the logits ``exp(logit_scale) * cos(f, t_r)`` for ``r = 0..R-1``
+(:class:`~cloc_lightning.nn.prototypes.RankPromptHead`), trained with CE over ranks + KL over
+the batch per rank (:class:`~cloc_lightning.losses.rank_prompt.OrdinalCLIPLoss`).  After training
+the R prototypes are fixed vectors: :meth:`OrdinalCLIPModule.export_prototypes` (or
 ``cloc-lightning export-prototypes CKPT OUT``) writes the image encoder + an ``[R, D]`` matrix,
 which predicts at the cost of a linear head with no text encoder in memory
-(:class:`~cloc_lightning.nn.prompt_learner.PrototypeClassifier`).
+(:class:`~cloc_lightning.nn.prototypes.PrototypeClassifier`).
 
 This module is one :class:`~cloc_lightning.methods.base.ClassifierModule`: ``forward(images)``
 returns ``[B, R]`` logits, so the shared ordinal metrics (argmax MAE, expected-rank MAE,
 accuracy, QWK, ±1 accuracy), validation/test/predict steps and checkpointing apply unchanged.
+The network pieces (prompt learner, frozen text encoder, prototype heads, exported classifier)
+live in :mod:`cloc_lightning.nn`; the how-to is ``docs/methods/ordinal_clip.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import math
 import os
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -36,194 +37,48 @@ from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
-from cloc_lightning.nn.prompt_learner import (
-    INTERPOLATION_KINDS,
-    RANK_POSITIONS,
+from cloc_lightning.nn.prompt_learner import InterpolationKind, RankPosition, RankPromptLearner, rank_interpolation_weights
+from cloc_lightning.nn.prototypes import (
+    MAX_LOGIT_SCALE,
+    LinearPrototypeHead,
+    ProjectedEncoder,
     PrototypeClassifier,
-    RankPromptLearner,
+    PrototypeHead,
+    RankPromptHead,
     logits_to_predictions,
-    rank_interpolation_weights,
-    register_encoder_builder,
 )
+from cloc_lightning.nn.text_encoder import clip_embed_dim
+from cloc_lightning.validation import check_choice, check_float
 
 __all__ = [
     "OrdinalCLIPModule",
+    "ImageEncoderKind",
+    "HeadKind",
+    # network modules, defined in cloc_lightning.nn.prototypes (re-exported for older imports)
     "RankPromptHead",
     "LinearPrototypeHead",
     "ProjectedEncoder",
-    "export_prototypes_main",
     "MAX_LOGIT_SCALE",
 ]
 
-#: upper bound of a *learned* logit scale (log of 100), as CLIP clamps its own
-MAX_LOGIT_SCALE = math.log(100.0)
+#: the image encoder: CLIP's visual tower, or a timm backbone projected to the CLIP width
+ImageEncoderKind = Literal["clip", "timm"]
+#: the head: language prototypes from rank prompts, or R freely learned prototypes (no language)
+HeadKind = Literal["prompts", "linear"]
 
 
-# --------------------------------------------------------------------------------------------
-# image encoder: a timm backbone projected to the CLIP embedding width
-# --------------------------------------------------------------------------------------------
+@dataclass
+class _LoadedCLIP:
+    """What :meth:`OrdinalCLIPModule.build_backbone` hands to :meth:`~OrdinalCLIPModule.build_head`.
 
-
-class ProjectedEncoder(nn.Module):
-    """A feature extractor followed by a linear projection to the CLIP embedding width D.
-
-    ``forward(x [B, 3, H, W]) -> [B, D]`` = ``proj(encoder(x))``: the image encoder of
-    ``image_encoder: timm`` as one module, as exported (in :class:`OrdinalCLIPModule` the two parts
-    are ``backbone`` and ``image_proj``, so that ``backbone.*`` is a bare timm network like in every
-    other module).  The reference replaces ``clip_model.visual`` by a torchvision network with
-    ``num_classes=embed_dim`` the same way.
-
-    Args:
-        encoder: module mapping images to ``[B, F]`` features.
-        in_features: F.
-        embed_dim: D.
+    A plain object, not an ``nn.Module``: stored on the module it is not registered as a child,
+    so the whole CLIP model (text tower included) does not become part of the module; only what
+    the head keeps of it does.
     """
 
-    def __init__(self, encoder: nn.Module, in_features: int, embed_dim: int) -> None:
-        super().__init__()
-        self.encoder = encoder
-        self.proj = nn.Linear(in_features, embed_dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``[B, 3, H, W]`` → ``[B, D]``."""
-        return self.proj(self.encoder(x))
-
-
-def build_timm_projected(
-    backbone: str, embed_dim: int, cifar_stem: bool = False, backbone_kwargs: dict[str, Any] | None = None
-) -> ProjectedEncoder:
-    """Randomly initialised ``ProjectedEncoder(timm backbone, Linear(F, embed_dim))``.
-
-    Registered as the :class:`PrototypeClassifier` encoder builder ``"timm_projected"`` (weights
-    come from the exported state dict).
-    """
-    net, width = create_backbone(backbone, False, cifar_stem, **(backbone_kwargs or {}))
-    return ProjectedEncoder(net, width, embed_dim)
-
-
-register_encoder_builder("timm_projected", build_timm_projected)
-
-
-# --------------------------------------------------------------------------------------------
-# heads: features [B, D] -> logits [B, R] against R prototypes
-# --------------------------------------------------------------------------------------------
-
-
-class _PrototypeHead(nn.Module):
-    """``logits = exp(logit_scale) * normalize(features) @ normalize(prototypes)ᵀ`` (float32).
-
-    Subclasses implement :meth:`compute_prototypes`.  In training mode, or whenever gradients
-    are enabled, the prototypes are recomputed on every call (they depend on the learned
-    parameters).  In eval mode with gradients disabled (Lightning's validation / test /
-    predict) they are computed once and cached; the cache is keyed on the version counters of
-    every parameter and buffer of the head (an optimiser step or ``load_state_dict`` changes
-    them in place, which bumps the counters), the device, and the autocast/inference mode, and
-    it is dropped whenever ``train()``/``eval()`` is called.
-    """
-
-    def __init__(self, logit_scale: float, learn_logit_scale: bool) -> None:
-        super().__init__()
-        value = torch.tensor(float(logit_scale), dtype=torch.float32)
-        if learn_logit_scale:
-            self.logit_scale = nn.Parameter(value)
-        else:
-            self.register_buffer("logit_scale", value)
-        self.learn_logit_scale = bool(learn_logit_scale)
-        self._cache: tuple[tuple[Any, ...], Tensor] | None = None
-
-    def compute_prototypes(self) -> Tensor:
-        """``[R, D]`` prototypes (not normalised), any float dtype."""
-        raise NotImplementedError
-
-    def effective_logit_scale(self) -> Tensor:
-        """The log-multiplier used in the logits (a learned one is clamped at log 100, as CLIP)."""
-        if self.learn_logit_scale:
-            return self.logit_scale.float().clamp(max=MAX_LOGIT_SCALE)
-        return self.logit_scale.float()
-
-    def train(self, mode: bool = True) -> _PrototypeHead:  # noqa: D102 - also drops the cache
-        self._cache = None
-        return super().train(mode)
-
-    def _cache_key(self, device: torch.device) -> tuple[Any, ...]:
-        versions = tuple(t._version for t in (*self.parameters(), *self.buffers()))
-        return (
-            str(device),
-            torch.is_autocast_enabled(device.type),
-            torch.is_inference_mode_enabled(),
-            len(versions),
-            versions,
-        )
-
-    def normalized_prototypes(self, device: torch.device | None = None) -> Tensor:
-        """``[R, D]`` float32 unit-norm prototypes (cached in eval mode without gradients)."""
-        use_cache = not self.training and not torch.is_grad_enabled()
-        if not use_cache:
-            self._cache = None
-            return F.normalize(self.compute_prototypes().float(), dim=-1)
-        key = self._cache_key(device or self.logit_scale.device)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, F.normalize(self.compute_prototypes().float(), dim=-1))
-        return self._cache[1]
-
-    def forward(self, features: Tensor) -> Tensor:
-        """``[B, D]`` image features → ``[B, R]`` float32 logits."""
-        prototypes = self.normalized_prototypes(features.device)
-        with torch.autocast(features.device.type, enabled=False):  # similarities in float32
-            feats = F.normalize(features.float(), dim=-1)
-            return self.effective_logit_scale().exp() * (feats @ prototypes.t())
-
-
-class RankPromptHead(_PrototypeHead):
-    """OrdinalCLIP's head: prototypes are the text features of the R rank prompts.
-
-    Args:
-        prompt_learner: the :class:`RankPromptLearner` (its ``forward()`` gives ``[R, D]``).
-        logit_scale: log of the logit multiplier (CLIP's ``logit_scale``).
-        learn_logit_scale: make it a parameter (clamped at log 100) instead of a buffer.
-    """
-
-    def __init__(self, prompt_learner: RankPromptLearner, logit_scale: float, learn_logit_scale: bool = False) -> None:
-        super().__init__(logit_scale, learn_logit_scale)
-        self.prompt_learner = prompt_learner
-
-    def compute_prototypes(self) -> Tensor:
-        """``[R, D]`` language prototypes (R prompts through the frozen text encoder)."""
-        return self.prompt_learner()
-
-
-class LinearPrototypeHead(_PrototypeHead):
-    """The reference's baseline head: R freely learned prototypes, no language.
-
-    ``logits = exp(logit_scale) * cos(features, weight_r)`` with a bias-free ``weight [R, D]``
-    (``last_project`` of ``ordinalclip/models/baseline.py``, which uses the scale 100): a linear
-    layer on normalised features with normalised rows.  It has exactly the shape and cost of
-    the exported OrdinalCLIP classifier, so it isolates what the language prototypes add.
-
-    Args:
-        num_ranks: R.
-        embed_dim: D.
-        logit_scale: log of the logit multiplier.
-        learn_logit_scale: make it a parameter (clamped at log 100) instead of a buffer.
-    """
-
-    def __init__(self, num_ranks: int, embed_dim: int, logit_scale: float, learn_logit_scale: bool = False) -> None:
-        super().__init__(logit_scale, learn_logit_scale)
-        self.weight = nn.Parameter(torch.empty(num_ranks, embed_dim))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default initialisation
-
-    def compute_prototypes(self) -> Tensor:
-        """``[R, D]`` learned prototypes."""
-        return self.weight
-
-
-# --------------------------------------------------------------------------------------------
-# the module
-# --------------------------------------------------------------------------------------------
-
-
-def _close(name: str, options: tuple[str, ...]) -> str:
-    return f"one of {list(options)}, got {name!r}"
+    model: nn.Module
+    tokenizer: Any
+    logit_scale: float
 
 
 class OrdinalCLIPModule(ClassifierModule):
@@ -234,52 +89,33 @@ class OrdinalCLIPModule(ClassifierModule):
     r's prompt; loss ``ce_weight * CE + kl_weight * KL``
     (:class:`~cloc_lightning.losses.rank_prompt.OrdinalCLIPLoss`).  Predictions: the argmax
     rank and the expectation ``sum_r softmax_r * r``; the shared ordinal metrics report both
-    (``mae`` and ``mae_expected``), accuracy, QWK and ±1 accuracy.
+    (``mae`` and ``mae_expected``).
 
-    What is trained (each in its own optimiser group, see :meth:`param_groups`):
+    Parts: ``backbone`` (CLIP's visual tower, or a timm network) and ``image_proj`` (identity, or
+    ``Linear(F, D)`` to the CLIP width D for ``image_encoder: timm``) form the image encoder;
+    ``head`` is a :class:`~cloc_lightning.nn.prototypes.RankPromptHead` (its prompt learner
+    holds the frozen text encoder: ``requires_grad=False``, always in eval mode, in no optimiser
+    group) or, with ``head: linear``, a :class:`~cloc_lightning.nn.prototypes.LinearPrototypeHead`
+    (no text encoder).  :meth:`param_groups` gives each trained part its own learning rate.
+    CLIP is loaded once in :meth:`build_backbone`, which hands it to :meth:`build_head`.
+    DDP needs no all-gather: every process computes the same prototypes, CE is per image and
+    the KL term runs over the local batch, as in the reference.
 
-    * the context tokens (``context_lr``) and base rank embeddings (``rank_lr``) of the prompt
-      learner;
-    * the image encoder (``image_encoder_lr``): CLIP's visual tower (``image_encoder: clip``)
-      or a timm ``backbone`` + ``image_proj = Linear(F, D)`` to the CLIP embedding width
-      (``image_encoder: timm``);
-    * the logit scale only with ``learn_logit_scale: true`` (``logit_scale_lr``).
-
-    The CLIP text encoder is frozen: ``requires_grad=False``, always in eval mode, and never in
-    the optimiser.  Its weights are in the checkpoint (``save_text_encoder: true``, needed for a
-    randomly initialised CLIP; with pretrained weights ``false`` keeps checkpoints small).
-
-    Prototypes are recomputed at every training step (R prompts through the text encoder; only
-    up to the EOT position, see :class:`~cloc_lightning.nn.prompt_learner.RankPromptLearner`)
-    and computed once and cached in evaluation (see :class:`RankPromptHead`).
-
-    ``head: linear`` replaces the language prototypes by R freely learned prototypes
-    (:class:`LinearPrototypeHead`, the reference's ``Baseline``): the linear-head baseline on the
-    same image encoder, scale and loss.  It builds no prompt learner and keeps no text encoder.
-
-    DDP: each process computes the same R prototypes from the (replicated) prompt parameters; CE
-    is per image and the KL term runs over each process's local batch, as in the reference, so
-    no all-gather is needed (there is no ``gather_distributed`` option). The frozen text weights
-    have ``requires_grad=False``, so DDP does not synchronise them.
+    Recipes, the reference's settings and the export: ``docs/methods/ordinal_clip.md``.
 
     Args:
         num_classes: number of ranks R (>= 2); must match the data module.
         clip_model: open_clip model name whose text tower (and, with ``image_encoder: clip``,
-            visual tower) is used, e.g. ``ViT-S-32-alt`` (small), ``RN50-quickgelu`` (the
-            reference's default), ``ViT-B-16-quickgelu`` (the paper's best). See
-            :func:`cloc_lightning.nn.clip.load_clip`. With a ``pretrained`` tag trained with
-            QuickGELU (every ``openai`` tag) a plain name is built as its ``-quickgelu`` variant
-            (``ViT-B-16`` + ``openai`` → ``ViT-B-16-quickgelu``, a printed note;
-            :func:`~cloc_lightning.nn.clip.resolve_clip_model`), and ``hparams.clip_model`` (so the
-            checkpoint) records the variant built, so that ``export-prototypes`` and reloading with
-            ``pretrained: null`` rebuild the same activation.
-        pretrained: ``None`` (random init: what tests and offline machines use; **no language
-            prior then**), an open_clip tag (``openai``; fails fast with a clear error when not
-            cached and offline) or a local checkpoint path.
+            visual tower) is used, e.g. ``ViT-S-32-alt``, ``RN50-quickgelu`` (the reference's
+            default). With a ``pretrained`` tag trained with QuickGELU (every ``openai`` tag) a plain
+            name is built as its ``-quickgelu`` variant
+            (:func:`~cloc_lightning.nn.clip.resolve_clip_model`), and ``hparams.clip_model`` records
+            the variant built, so that reloads rebuild the same activation.
+        pretrained: ``None`` (random init, no language prior), an open_clip tag (``openai``) or a
+            local checkpoint path.
         clip_config: overrides of the open_clip model config of ``clip_model`` (top-level keys
-            replace the named config's, e.g. ``{text_cfg: {...}, vision_cfg: {...}, embed_dim: 64}``),
-            as ``open_clip.create_model(clip_model, **clip_config)``. For custom or tiny
-            architectures (the tests use one); ``pretrained`` must then be ``None`` or a path.
+            replace the named config's), as ``open_clip.create_model(clip_model, **clip_config)``;
+            ``pretrained`` must then be ``None`` or a path.
         image_encoder: ``clip`` (CLIP's visual tower) or ``timm`` (``backbone`` + a Linear
             projection to the CLIP embedding width D).
         backbone: timm model name for ``image_encoder: timm``.
@@ -299,11 +135,8 @@ class OrdinalCLIPModule(ClassifierModule):
         save_text_encoder: keep the frozen text weights in checkpoints (default; needed when
             ``pretrained`` is ``None``).
         logit_scale: log of the logit multiplier; ``None`` = with ``head: prompts`` the CLIP
-            model's (log 100 = 4.6052 for OpenAI weights, as the reference, which takes
-            ``clip_model.logit_scale`` from the OpenAI checkpoint; log(1/0.07) ≈ 2.66 for a random
-            init), with ``head: linear`` log 100 (the reference ``Baseline``'s fixed 100).
-        learn_logit_scale: learn it (clamped at log 100); frozen by default as in the reference
-            (its ``lr_logit_scale`` is 0).
+            model's (log 100 for OpenAI weights), with ``head: linear`` log 100.
+        learn_logit_scale: learn it (clamped at log 100); frozen by default as in the reference.
         ce_weight: weight of the CE term.
         kl_weight: weight of the KL term.
         target_sharpness: sharpness of the KL soft targets (reference: 10).
@@ -313,35 +146,19 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
-        optimizer: ``radam`` (reference) | ``adam`` | ``adamw`` | ``sgd``. ``radam`` is
-            ``torch.optim.RAdam`` with *decoupled* weight decay (``p ← p − lr·wd·p``), as the
-            reference's RAdam (Liu et al.'s implementation) applies it; torch's default would add
-            ``wd·p`` to the gradient (L2), which the adaptive step rescales.
+        optimizer: ``radam`` (reference; decoupled weight decay, see :meth:`build_optimizer`) |
+            ``adam`` | ``adamw`` | ``sgd``.
         lr: base learning rate (reference: 1e-4 for every group).
-        weight_decay: weight decay of every group except the logit scale (reference: 0 in
-            ``configs/default.yaml``, 5e-4 in its MORPH runs).
-        scheduler: ``cosine`` (per step, after ``warmup_epochs``) | ``step`` | ``none``. The
-            reference steps torch's ``CosineAnnealingLR(T_max=max_epochs)`` (MORPH runs) or
-            ``MultiStepLR([60], 0.1)`` (its default config) once per epoch; ``step`` with
-            ``lr_milestones: [60]`` is exactly the latter, ``cosine`` with ``lr_interval: step``
-            equals the former at every epoch start (``configs/ordinal_clip/utkface_seed.yaml``).
+        weight_decay: weight decay of every group except the logit scale.
+        scheduler: ``cosine`` (per step, after ``warmup_epochs``) | ``step`` | ``none``.
         **kwargs: other :class:`~cloc_lightning.methods.base.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``,
-            ``warmup_epochs``, ``min_lr_ratio``, ``init_from``, ...).
-
-    Example::
-
-        model = OrdinalCLIPModule(num_classes=80, clip_model="ViT-S-32-alt", pretrained=None,
-                                  image_encoder="timm", backbone="resnet18", num_base_ranks=3)
-        L.Trainer(max_epochs=20).fit(model, datamodule=UTKFaceDataModule(root, label_mode="age", max_age=80))
-        model.export_prototypes("ordinalclip.pt")     # image encoder + [R, D] prototypes
-        clf = PrototypeClassifier.load("ordinalclip.pt")
-        ages = clf.predict(images) + 1                 # expected rank; ranks are age - min_age
-
-        # command line
-        cloc-lightning fit --config configs/ordinal_clip/utkface.yaml
-        cloc-lightning export-prototypes runs/.../best.ckpt ordinalclip.pt --rank-offset 1
+            ``warmup_epochs``, ``min_lr_ratio``, ``lr_milestones``, ``init_from``, ...).
     """
+
+    head: PrototypeHead
+    #: the CLIP parts between build_backbone and build_head (None outside construction)
+    _loaded_clip: _LoadedCLIP | None
 
     def __init__(
         self,
@@ -349,20 +166,20 @@ class OrdinalCLIPModule(ClassifierModule):
         clip_model: str = "ViT-S-32-alt",
         pretrained: str | None = None,
         clip_config: dict[str, Any] | None = None,
-        image_encoder: Literal["clip", "timm"] = "clip",
+        image_encoder: ImageEncoderKind = "clip",
         backbone: str = "resnet18",
         backbone_pretrained: bool | str = False,
         cifar_stem: bool = False,
         backbone_kwargs: dict[str, Any] | None = None,
-        head: Literal["prompts", "linear"] = "prompts",
+        head: HeadKind = "prompts",
         num_base_ranks: int = 3,
         num_tokens_per_rank: int = 1,
         num_context_tokens: int = 10,
         init_context: str | None = None,
         rank_specific_context: bool = False,
         init_rank_names: list[str] | None = None,
-        interpolation: Literal["linear", "inv_prop", "normal"] = "linear",
-        rank_position: Literal["tail", "front", "middle"] = "tail",
+        interpolation: InterpolationKind = "linear",
+        rank_position: RankPosition = "tail",
         save_text_encoder: bool = True,
         logit_scale: float | None = None,
         learn_logit_scale: bool = False,
@@ -381,10 +198,8 @@ class OrdinalCLIPModule(ClassifierModule):
         **kwargs: Any,
     ) -> None:
         # cheap checks first: a config error must not wait for a CLIP model to be built
-        if image_encoder not in ("clip", "timm"):
-            raise ValueError(f"image_encoder must be {_close(image_encoder, ('clip', 'timm'))}")
-        if head not in ("prompts", "linear"):
-            raise ValueError(f"head must be {_close(head, ('prompts', 'linear'))}")
+        check_choice("image_encoder", image_encoder, ImageEncoderKind)
+        check_choice("head", head, HeadKind)
         if clip_config is not None and not isinstance(clip_config, dict):
             raise TypeError(
                 f"clip_config must be a dict of open_clip model-config overrides, got {type(clip_config).__name__}"
@@ -396,18 +211,16 @@ class OrdinalCLIPModule(ClassifierModule):
             )
         for name, value in (("context_lr", context_lr), ("rank_lr", rank_lr), ("image_encoder_lr", image_encoder_lr),
                             ("logit_scale_lr", logit_scale_lr)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
-                raise ValueError(f"{name} must be a number >= 0 (or null for the base lr), got {value!r}")
-        if logit_scale is not None and not math.isfinite(float(logit_scale)):
-            raise ValueError(f"logit_scale must be a finite number (the log of the multiplier), got {logit_scale!r}")
+            if value is not None:
+                check_float(name, value, minimum=0.0, allow_inf=True, expect="a number >= 0 (or null for the base lr)")
+        if logit_scale is not None:
+            check_float("logit_scale", logit_scale, hint="it is the log of the logit multiplier")
         if head == "prompts":
-            if interpolation not in INTERPOLATION_KINDS:
-                raise ValueError(f"interpolation must be {_close(interpolation, INTERPOLATION_KINDS)}")
-            if rank_position not in RANK_POSITIONS:
-                raise ValueError(f"rank_position must be {_close(rank_position, RANK_POSITIONS)}")
+            check_choice("interpolation", interpolation, InterpolationKind)
+            check_choice("rank_position", rank_position, RankPosition)
             if isinstance(num_classes, int) and not isinstance(num_classes, bool) and num_classes >= 2:
                 rank_interpolation_weights(num_classes, num_base_ranks, interpolation)  # validates R, B
-        loss_kwargs = dict(
+        loss_kwargs: dict[str, Any] = dict(
             ce_weight=ce_weight, kl_weight=kl_weight, target_sharpness=target_sharpness, check_finite=check_finite
         )
         OrdinalCLIPLoss(**loss_kwargs)  # validates the weights before anything is built
@@ -422,6 +235,7 @@ class OrdinalCLIPModule(ClassifierModule):
             backbone_kwargs=backbone_kwargs,
             **kwargs,
         )
+        self._loaded_clip = None  # build_head has taken what it needs; a subclass's head may not have
         #: projection of timm features to D (identity for CLIP's visual tower, which ends at D)
         self.image_proj: nn.Module = (
             nn.Linear(self.feature_dim, self.embed_dim) if image_encoder == "timm" else nn.Identity()
@@ -441,7 +255,8 @@ class OrdinalCLIPModule(ClassifierModule):
         cfg.update(copy.deepcopy(h.clip_config or {}))
         return cfg or None
 
-    def _load_clip(self) -> tuple[nn.Module, Any]:
+    def _load_clip(self) -> tuple[Any, Any]:
+        """``(open_clip model, tokenizer)`` as configured (``clip_model``, ``pretrained``, ``clip_config``)."""
         h = self.hparams
         if not h.clip_config:
             model, tokenizer = load_clip(h.clip_model, h.pretrained)  # prints a note when it switches
@@ -469,7 +284,7 @@ class OrdinalCLIPModule(ClassifierModule):
         """
         h = self.hparams
         clip_model, tokenizer = self._load_clip()
-        self.embed_dim = _embed_dim(clip_model)  #: D, the CLIP embedding width shared by both towers
+        self.embed_dim = clip_embed_dim(clip_model)  #: D, the CLIP embedding width shared by both towers
         if h.image_encoder == "clip":
             encoder: nn.Module = clip_model.visual
             width = self.embed_dim
@@ -482,18 +297,20 @@ class OrdinalCLIPModule(ClassifierModule):
             scale = MAX_LOGIT_SCALE  # the reference Baseline multiplies by a fixed 100
         else:
             scale = float(clip_model.logit_scale.detach())  # OpenAI weights: log 100, as the reference
-        # not an attribute: nn.Module would register the whole CLIP (text tower included) as a child
-        self.__dict__["_pending_clip"] = (clip_model, tokenizer, scale)
+        self._loaded_clip = _LoadedCLIP(clip_model, tokenizer, scale)  # for build_head, which drops it
         return encoder, width
 
-    def build_head(self) -> nn.Module:
+    def build_head(self) -> PrototypeHead:
         """:class:`RankPromptHead` (``head: prompts``) or :class:`LinearPrototypeHead` (``head: linear``)."""
         h = self.hparams
-        clip_model, tokenizer, scale = self.__dict__.pop("_pending_clip")
+        loaded, self._loaded_clip = self._loaded_clip, None
+        if loaded is None:
+            raise RuntimeError("build_head needs the CLIP model that build_backbone loads; call build_backbone first")
+        scale = loaded.logit_scale
         if h.head == "linear":
             return LinearPrototypeHead(self.num_classes, self.embed_dim, scale, h.learn_logit_scale)
         prompts = RankPromptLearner(
-            clip_model,
+            loaded.model,
             num_ranks=self.num_classes,
             num_base_ranks=h.num_base_ranks,
             num_tokens_per_rank=h.num_tokens_per_rank,
@@ -503,7 +320,7 @@ class OrdinalCLIPModule(ClassifierModule):
             init_rank_names=h.init_rank_names,
             interpolation=h.interpolation,
             rank_position=h.rank_position,
-            tokenizer=tokenizer,
+            tokenizer=loaded.tokenizer,
             save_text_encoder=h.save_text_encoder,
         )
         if prompts.embed_dim != self.embed_dim:
@@ -521,7 +338,10 @@ class OrdinalCLIPModule(ClassifierModule):
         if self.hparams.image_encoder != "clip" or dm is None:
             return
         want, got = getattr(self.backbone, "image_size", None), getattr(dm, "image_size", None)
-        pair = lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v, v)  # noqa: E731
+
+        def pair(v: Any) -> tuple[Any, ...]:
+            return tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+
         if want is not None and got is not None and pair(want) != pair(got):
             raise ValueError(
                 f"CLIP's visual tower of {self.hparams.clip_model!r} takes {pair(want)[0]}x{pair(want)[1]} px images "
@@ -576,11 +396,13 @@ class OrdinalCLIPModule(ClassifierModule):
     # ------------------------------------------------------------------ steps
     def image_features(self, x: Tensor) -> Tensor:
         """Image features ``[B, D]`` in the CLIP embedding space (``image_proj(backbone(x))``)."""
-        return self.image_proj(self.backbone(x))
+        features: Tensor = self.image_proj(self.backbone(x))
+        return features
 
     def forward(self, x: Tensor) -> Tensor:
         """Rank logits ``[B, R]`` (float32) for images ``[B, 3, H, W]``."""
-        return self.head(self.image_features(x))
+        logits: Tensor = self.head(self.image_features(x))
+        return logits
 
     def embed(self, x: Tensor) -> Tensor:
         """L2-normalised image features ``[B, D]``: the space the prototypes live in (for plots)."""
@@ -608,13 +430,7 @@ class OrdinalCLIPModule(ClassifierModule):
         return loss
 
     # ------------------------------------------------------------------ frozen-encoder probes
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the class, so :mod:`cloc_lightning.probe` finds :meth:`encoder_state_dict`."""
-        from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_metadata
-
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[ENCODER_META_KEY] = encoder_metadata(self)
-
+    # (BaseModule.on_save_checkpoint records the class, so cloc_lightning.checkpoints finds this hook)
     @classmethod
     def encoder_state_dict(cls, checkpoint: dict[str, Any]) -> dict[str, Tensor]:
         """The probe hook (:mod:`cloc_lightning.probe`): the timm ``backbone`` weights, for ``image_encoder: timm``.
@@ -648,7 +464,10 @@ class OrdinalCLIPModule(ClassifierModule):
 
     # ------------------------------------------------------------------ export
     def encoder_builder(self) -> dict[str, Any] | None:
-        """How :meth:`PrototypeClassifier.load` re-creates this image encoder (None: pickle it)."""
+        """How :meth:`PrototypeClassifier.load` re-creates this image encoder (None: pickle it).
+
+        ``{"name": <a builder of cloc_lightning.nn.prototypes.ENCODER_BUILDERS>, "kwargs": {...}}``.
+        """
         h = self.hparams
         if type(self).build_backbone is not OrdinalCLIPModule.build_backbone:
             return None  # a subclass builds its own encoder: only pickling is safe
@@ -694,10 +513,9 @@ class OrdinalCLIPModule(ClassifierModule):
     ) -> PrototypeClassifier:
         """Write image encoder + ``[R, D]`` prototypes to ``path`` (no text encoder); return the classifier.
 
-        Load with :meth:`PrototypeClassifier.load(path) <cloc_lightning.nn.prompt_learner.PrototypeClassifier.load>`
-        (CLIP visual towers and timm encoders are stored as state dicts + a builder, loadable with
-        ``weights_only=True``; a ``timm`` encoder needs ``import cloc_lightning.methods`` first,
-        which registers its builder).
+        Load with :meth:`PrototypeClassifier.load(path) <cloc_lightning.nn.prototypes.PrototypeClassifier.load>`
+        (CLIP visual towers and timm encoders are stored as state dicts + a builder registered in
+        :mod:`cloc_lightning.nn.prototypes`, loadable with ``weights_only=True``).
 
         Args:
             path: output file.
@@ -708,70 +526,3 @@ class OrdinalCLIPModule(ClassifierModule):
         os.makedirs(parent, exist_ok=True)
         clf.save(os.fspath(path))
         return clf
-
-
-def _embed_dim(clip_model: nn.Module) -> int:
-    """CLIP's joint embedding width D (the text projection's output width)."""
-    proj = getattr(clip_model, "text_projection", None)
-    if isinstance(proj, Tensor) and proj.dim() == 2:
-        return int(proj.shape[1])
-    if isinstance(proj, nn.Linear):
-        return int(proj.out_features)
-    text = getattr(clip_model, "text", None)
-    if text is not None and getattr(text, "output_dim", None):
-        return int(text.output_dim)
-    raise ValueError(f"cannot find the embedding width of {type(clip_model).__name__}; use an open_clip CLIP model")
-
-
-# --------------------------------------------------------------------------------------------
-# `cloc-lightning export-prototypes CKPT OUT`
-# --------------------------------------------------------------------------------------------
-
-
-def _count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier:
-    """``cloc-lightning export-prototypes CKPT OUT``: OrdinalCLIP checkpoint → PrototypeClassifier file.
-
-    Loads the :class:`OrdinalCLIPModule` checkpoint on CPU (when the checkpoint holds the text
-    encoder weights, CLIP is re-created with ``pretrained=None`` and filled from the checkpoint:
-    no download), computes the R prototypes once and writes image encoder + prototypes.
-    """
-    parser = argparse.ArgumentParser(
-        prog="cloc-lightning export-prototypes",
-        description="Export an OrdinalCLIP checkpoint as image encoder + R language prototypes "
-        "(PrototypeClassifier): no text encoder needed at inference, the cost of a linear head.",
-    )
-    parser.add_argument("ckpt", help="OrdinalCLIPModule checkpoint (.ckpt) written by `cloc-lightning fit`")
-    parser.add_argument("out", help="output file (.pt), loaded with PrototypeClassifier.load(out)")
-    parser.add_argument("--rank-offset", type=float, default=0.0,
-                        help="value of rank 0 for predict(): rank_values = offset + arange(R) (e.g. min_age)")
-    parser.add_argument("--rank-step", type=float, default=1.0, help="spacing of the rank values (default 1)")
-    args = parser.parse_args(argv)
-    if not os.path.isfile(args.ckpt):
-        parser.error(f"checkpoint {args.ckpt!r} does not exist")
-    ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=False)
-    hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
-    state = ckpt.get("state_dict", {}) if isinstance(ckpt, dict) else {}
-    if "clip_model" not in hp or not any(k.startswith("head.") for k in state):
-        parser.error(f"{args.ckpt!r} is not an OrdinalCLIPModule checkpoint (no clip_model hyper-parameter or head)")
-    overrides: dict[str, Any] = {"init_from": None}
-    if any(".text_encoder." in k for k in state) or hp.get("head") == "linear":
-        overrides["pretrained"] = None  # every weight is in the checkpoint: do not fetch pretrained CLIP
-    model = OrdinalCLIPModule.load_from_checkpoint(args.ckpt, map_location="cpu", **overrides).eval()
-    R = model.num_classes
-    values = args.rank_offset + args.rank_step * torch.arange(R, dtype=torch.float32)
-    clf = model.export_prototypes(args.out, rank_values=values)
-    n_enc, n_module = _count(clf.image_encoder), _count(model)
-    D = clf.prototypes.shape[1]
-    print(
-        f"exported {R} prototypes (D={D}) + image encoder to {args.out} "
-        f"({os.path.getsize(args.out) / 2**20:.1f} MiB)\n"
-        f"  parameters: image encoder {n_enc:,} + prototypes {R * D:,} (a linear head would have {R * D + R:,}); "
-        f"training module incl. frozen text encoder {n_module:,}\n"
-        f"  load: PrototypeClassifier.load({args.out!r}); predict(images) -> rank values "
-        f"{float(values[0]):g}..{float(values[-1]):g}"
-    )
-    return clf

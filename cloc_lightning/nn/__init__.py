@@ -1,9 +1,21 @@
-"""Network building blocks: timm backbones, projection heads, probes, CLIP prompt learner."""
+"""Network building blocks: timm backbones, projection heads, probes, the OrdinalCLIP text side and prototypes."""
 
 from cloc_lightning.nn.backbones import apply_cifar_stem, create_backbone, infer_feature_dim
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.hub import PretrainedUnavailableError, load_pretrained
 from cloc_lightning.nn.online_probe import OnlineLinearProbe, knn_accuracy, knn_predict
+from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights
+from cloc_lightning.nn.prototypes import (
+    ENCODER_BUILDERS,
+    LinearPrototypeHead,
+    ProjectedEncoder,
+    PrototypeClassifier,
+    PrototypeHead,
+    RankPromptHead,
+    logits_to_predictions,
+    register_encoder_builder,
+)
+from cloc_lightning.nn.text_encoder import FrozenTextEncoder
 
 __all__ = [
     "apply_cifar_stem",
@@ -15,4 +27,17 @@ __all__ = [
     "OnlineLinearProbe",
     "knn_accuracy",
     "knn_predict",
+    # OrdinalCLIP: text side (frozen text encoder, rank prompt learner)
+    "FrozenTextEncoder",
+    "RankPromptLearner",
+    "rank_interpolation_weights",
+    # OrdinalCLIP: prototype heads and the exported classifier (the inference API)
+    "PrototypeHead",
+    "RankPromptHead",
+    "LinearPrototypeHead",
+    "ProjectedEncoder",
+    "PrototypeClassifier",
+    "logits_to_predictions",
+    "ENCODER_BUILDERS",
+    "register_encoder_builder",
 ]

@@ -1,0 +1,150 @@
+"""The ``cloc-lightning`` sub-commands that are not LightningCLI's: ``probe`` and ``export-prototypes``.
+
+Each command is a function ``command(argv) -> result`` that parses its own arguments; the
+``cloc-lightning`` entry point (:func:`cloc_lightning.cli.main`) dispatches ``argv[0]`` through
+:data:`COMMANDS` and lists them in its ``--help``.  The work itself is done by library code
+(:func:`cloc_lightning.probe.probe_checkpoint`,
+:meth:`~cloc_lightning.methods.ordinal_clip.OrdinalCLIPModule.export_prototypes`); this module is
+the top layer: it imports methods and the probe library, and nothing in the package imports it
+except the CLI.  How to use them: ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from jsonargparse import ActionConfigFile, ArgumentParser
+from torch import nn
+
+import cloc_lightning.data  # noqa: F401  (registers the data modules for --data)
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
+from cloc_lightning.nn.prototypes import PrototypeClassifier
+from cloc_lightning.probe import PROBE_PRESETS, ProbeSplit, probe_checkpoint
+
+__all__ = ["COMMANDS", "probe_main", "export_prototypes_main"]
+
+
+# ---------------------------------------------------------------- probe
+def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Linear probe (scikit-learn) of a checkpoint's frozen encoder on a data module.
+
+    ``cloc-lightning probe --ckpt CKPT --data <DataModule> [--data.<arg> ...] [--preset ...]``, or
+    ``--config probe.yaml`` with the same keys; prints top-1/top-5 and returns the result of
+    :func:`~cloc_lightning.probe.probe_checkpoint` (also written as JSON with ``--output``).
+    ``--preset`` (:data:`~cloc_lightning.probe.PROBE_PRESETS`) sets ``C``, ``max_iter``,
+    ``normalize``, ``standardize`` and ``calibrated``; any of them given explicitly overrides it.
+    """
+    parser = ArgumentParser(
+        prog="cloc-lightning probe",
+        description="Fit scikit-learn LogisticRegression on frozen encoder features of a checkpoint; print top-1/top-5.",
+        env_prefix="CLOC_PROBE",
+        default_env=False,
+    )
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
+    parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module (train: probe fit, test: score)")
+    parser.add_argument(
+        "--preset", type=str, default="default", choices=list(PROBE_PRESETS),
+        help="probe protocol: 'default' (C 1, max_iter 1000, standardised, unnormalised features) or 'sigmoid_cl' "
+        "(the ReLIC-sigmoid seed: CalibratedClassifierCV(LogisticRegression(max_iter=100)) on L2-normalised, "
+        "unstandardised features); the options below override it",
+    )
+    parser.add_argument("--C", type=float | None, default=None, help="inverse L2 regularisation of LogisticRegression (preset: 1.0)")
+    parser.add_argument("--max_iter", type=int | None, default=None, help="L-BFGS iterations (preset: 1000 / sigmoid_cl 100)")
+    parser.add_argument("--normalize", type=bool | None, default=None, help="L2-normalise features before the probe (preset: false / sigmoid_cl true)")
+    parser.add_argument("--standardize", type=bool | None, default=None, help="standardise features, training-set statistics (preset: true / sigmoid_cl false)")
+    parser.add_argument("--calibrated", type=bool | None, default=None, help="wrap the classifier in CalibratedClassifierCV (preset: false / sigmoid_cl true)")
+    parser.add_argument("--backbone", type=str | None, default=None, help="override the checkpoint's timm backbone name")
+    parser.add_argument("--cifar_stem", type=bool | None, default=None, help="override the checkpoint's cifar_stem")
+    parser.add_argument("--split", type=ProbeSplit, default="test", help="the split scored: test or val")
+    parser.add_argument("--device", type=str, default="cpu")
+    parser.add_argument("--output", type=str | None, default=None, help="also write the result as JSON here")
+    cfg = parser.parse_args(argv)
+    init = parser.instantiate_classes(cfg)
+    result = probe_checkpoint(
+        cfg.ckpt, init.data, device=cfg.device, C=cfg.C, max_iter=cfg.max_iter, normalize=cfg.normalize,
+        standardize=cfg.standardize, backbone=cfg.backbone, cifar_stem=cfg.cifar_stem, split=cfg.split,
+        calibrated=cfg.calibrated, preset=cfg.preset,
+    )
+    settings = ", ".join(f"{k}={v}" for k, v in result["settings"].items())
+    lines = [
+        f"probe ({result['split']}) of {result['encoder']}, backbone {result['backbone']}:",
+        f"  preset {result['preset']}: {settings}",
+    ]
+    for k in ("top1", "top5", "train_top1"):
+        if k in result and math.isfinite(result[k]):
+            lines.append(f"  {k}: {100 * result[k]:.2f}%")
+    lines.append(f"  n_train={int(result['n_train'])} n_test={int(result['n_test'])} n_features={int(result['n_features'])}")
+    print("\n".join(lines))
+    if cfg.output:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
+        with open(cfg.output, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+# ---------------------------------------------------------------- export-prototypes
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier:
+    """OrdinalCLIP checkpoint -> prototype classifier file (export-prototypes CKPT OUT).
+
+    Loads the :class:`~cloc_lightning.methods.ordinal_clip.OrdinalCLIPModule` checkpoint on CPU
+    (when the checkpoint holds the text encoder weights, CLIP is re-created with
+    ``pretrained=None`` and filled from the checkpoint: no download), computes the R prototypes
+    once and writes image encoder + prototypes
+    (:class:`~cloc_lightning.nn.prototypes.PrototypeClassifier`).
+    """
+    parser = argparse.ArgumentParser(
+        prog="cloc-lightning export-prototypes",
+        description="Export an OrdinalCLIP checkpoint as image encoder + R language prototypes "
+        "(PrototypeClassifier): no text encoder needed at inference, the cost of a linear head.",
+    )
+    parser.add_argument("ckpt", help="OrdinalCLIPModule checkpoint (.ckpt) written by `cloc-lightning fit`")
+    parser.add_argument("out", help="output file (.pt), loaded with PrototypeClassifier.load(out)")
+    parser.add_argument("--rank-offset", type=float, default=0.0,
+                        help="value of rank 0 for predict(): rank_values = offset + arange(R) (e.g. min_age)")
+    parser.add_argument("--rank-step", type=float, default=1.0, help="spacing of the rank values (default 1)")
+    args = parser.parse_args(argv)
+    if not os.path.isfile(args.ckpt):
+        parser.error(f"checkpoint {args.ckpt!r} does not exist")
+    ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=False)
+    hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
+    state = ckpt.get("state_dict", {}) if isinstance(ckpt, dict) else {}
+    if "clip_model" not in hp or not any(k.startswith("head.") for k in state):
+        parser.error(f"{args.ckpt!r} is not an OrdinalCLIPModule checkpoint (no clip_model hyper-parameter or head)")
+    overrides: dict[str, Any] = {"init_from": None}
+    if any(".text_encoder." in k for k in state) or hp.get("head") == "linear":
+        overrides["pretrained"] = None  # every weight is in the checkpoint: do not fetch pretrained CLIP
+    model = OrdinalCLIPModule.load_from_checkpoint(args.ckpt, map_location="cpu", **overrides).eval()
+    R = model.num_classes
+    values = args.rank_offset + args.rank_step * torch.arange(R, dtype=torch.float32)
+    clf = model.export_prototypes(args.out, rank_values=values)
+    n_enc, n_module = _count(clf.image_encoder), _count(model)
+    D = clf.prototypes.shape[1]
+    print(
+        f"exported {R} prototypes (D={D}) + image encoder to {args.out} "
+        f"({os.path.getsize(args.out) / 2**20:.1f} MiB)\n"
+        f"  parameters: image encoder {n_enc:,} + prototypes {R * D:,} (a linear head would have {R * D + R:,}); "
+        f"training module incl. frozen text encoder {n_module:,}\n"
+        f"  load: PrototypeClassifier.load({args.out!r}); predict(images) -> rank values "
+        f"{float(values[0]):g}..{float(values[-1]):g}"
+    )
+    return clf
+
+
+#: the sub-commands of ``cloc-lightning`` beside LightningCLI's (name -> ``command(argv)``); the
+#: first line of each docstring is its ``--help`` summary.  Register your own here.
+COMMANDS: dict[str, Callable[[list[str] | None], Any]] = {
+    "probe": probe_main,
+    "export-prototypes": export_prototypes_main,
+}
