@@ -21,14 +21,15 @@ open_clip = pytest.importorskip("open_clip")
 from cloc_lightning.data import OrdinalShapesDataModule  # noqa: E402
 from cloc_lightning.losses.rank_prompt import ordinal_clip_loss  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
-from cloc_lightning.methods.ordinal_clip import (  # noqa: E402
+from cloc_lightning.nn.hub import PretrainedUnavailableError  # noqa: E402
+from cloc_lightning.nn.prototypes import (  # noqa: E402
     MAX_LOGIT_SCALE,
     LinearPrototypeHead,
     ProjectedEncoder,
+    PrototypeClassifier,
     RankPromptHead,
 )
-from cloc_lightning.nn.hub import PretrainedUnavailableError  # noqa: E402
-from cloc_lightning.nn.prompt_learner import FrozenTextEncoder, PrototypeClassifier  # noqa: E402
+from cloc_lightning.nn.text_encoder import FrozenTextEncoder  # noqa: E402
 from tests.conftest import REPO, TINY_BACKBONE, run_cli  # noqa: E402
 
 IMG = 16

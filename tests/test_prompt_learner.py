@@ -21,12 +21,8 @@ from open_clip.model import CLIPTextCfg, CLIPVisionCfg  # noqa: E402
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss  # noqa: E402
 from cloc_lightning.nn import clip as clip_mod  # noqa: E402
 from cloc_lightning.nn.clip import PretrainedUnavailableError, load_clip  # noqa: E402
-from cloc_lightning.nn.prompt_learner import (  # noqa: E402
-    PrototypeClassifier,
-    RankPromptLearner,
-    logits_to_predictions,
-    rank_interpolation_weights,
-)
+from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights  # noqa: E402
+from cloc_lightning.nn.prototypes import PrototypeClassifier, logits_to_predictions  # noqa: E402
 
 CTX_LEN = 24
 VISION = dict(layers=1, width=32, head_width=16, patch_size=8, image_size=16)
