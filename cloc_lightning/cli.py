@@ -13,7 +13,8 @@
 Every subclass of :class:`~cloc_lightning.methods.base.BaseModule` and
 :class:`~cloc_lightning.data.base.BaseDataModule` that is imported is selectable by
 name with ``--model`` / ``--data`` (or ``class_path`` in YAML), including your
-own classes: ``--model my_project.MyCLOC``.
+own classes: ``--model my_project.MyCLOC``.  The sub-commands ``probe`` and ``export-prototypes``
+live in :mod:`cloc_lightning.commands`; the guide is ``docs/cli.md``.
 """
 
 from __future__ import annotations
