@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 __all__ = ["margin_figure", "embedding_figure", "confusion_figure", "save_figure"]
 
 
-def _plt():  # noqa: ANN202 - matplotlib module
+def _plt() -> Any:
+    """``matplotlib.pyplot``, on the Agg backend outside Jupyter."""
     import sys
 
     import matplotlib
@@ -23,7 +25,7 @@ def _plt():  # noqa: ANN202 - matplotlib module
     return plt
 
 
-def margin_figure(steps: Sequence[int], margins: np.ndarray, names: Sequence[str], frozen_step: int | None = None):  # noqa: ANN201
+def margin_figure(steps: Sequence[int], margins: np.ndarray, names: Sequence[str], frozen_step: int | None = None) -> Any:
     """CLOC margins over training: one line per adjacent class pair.
 
     Args:
@@ -47,7 +49,7 @@ def margin_figure(steps: Sequence[int], margins: np.ndarray, names: Sequence[str
     return fig
 
 
-def embedding_figure(points: np.ndarray, labels: np.ndarray, class_names: Sequence[str] | None = None, title: str = ""):  # noqa: ANN201
+def embedding_figure(points: np.ndarray, labels: np.ndarray, class_names: Sequence[str] | None = None, title: str = "") -> Any:
     """2-D scatter of an embedding coloured by rank (ordinal colour map)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.8, 4.2), dpi=100)
@@ -64,7 +66,7 @@ def embedding_figure(points: np.ndarray, labels: np.ndarray, class_names: Sequen
     return fig
 
 
-def confusion_figure(matrix: np.ndarray, class_names: Sequence[str] | None = None, title: str = ""):  # noqa: ANN201
+def confusion_figure(matrix: np.ndarray, class_names: Sequence[str] | None = None, title: str = "") -> Any:
     """Row-normalised confusion matrix (true class rows, predicted class columns) with counts."""
     plt = _plt()
     cm = np.asarray(matrix, dtype=np.float64)
@@ -86,7 +88,7 @@ def confusion_figure(matrix: np.ndarray, class_names: Sequence[str] | None = Non
     return fig
 
 
-def save_figure(fig, path: str) -> None:  # noqa: ANN001
+def save_figure(fig: Any, path: str) -> None:
     """Write ``fig`` as PNG and close it."""
     fig.savefig(path)
     _plt().close(fig)

@@ -32,7 +32,7 @@ class BestCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
-        super().__init__(*args, save_last=save_last, **kwargs)
+        super().__init__(*args, **{**kwargs, "save_last": save_last})
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         super().on_train_epoch_end(trainer, pl_module)

@@ -73,11 +73,12 @@ class CLOCMarginFreeze(Callback):
         self.path = path
         return path
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    # the hooks below get a CLOCModule (checked in ``setup``): ``pl_module`` is typed ``Any`` for its CLOC attributes
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         at = self.freeze_at_epoch
         if at is None or trainer.current_epoch < at or getattr(pl_module, "margins_frozen", False):
             return
-        learnable_map = pl_module.freeze_margins()  # type: ignore[operator]
+        learnable_map = pl_module.freeze_margins()
         self.frozen_at = {"epoch": trainer.current_epoch, "step": trainer.global_step}
         self.write(trainer, pl_module, learnable_map, phase_one_done=True)
 
@@ -86,9 +87,9 @@ class CLOCMarginFreeze(Callback):
         # checkpoint written at the end of an epoch's last batch; freeze before that epoch's first step anyway.
         self.on_train_epoch_start(trainer, pl_module)
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         if not getattr(pl_module, "margins_frozen", False):
-            self.write(trainer, pl_module, pl_module.cloc_loss.to_learnable_map("fixed"), phase_one_done=False)  # type: ignore[union-attr]
+            self.write(trainer, pl_module, pl_module.cloc_loss.to_learnable_map("fixed"), phase_one_done=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {"frozen_at": self.frozen_at, "freeze_at_epoch": self.freeze_at_epoch}
@@ -129,12 +130,12 @@ class CLOCMarginPlot(Callback):
         if trainer.global_step % self.every_n_steps == 0:
             self._record(trainer.global_step, pl_module)
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         self._record(trainer.global_step, pl_module)
         folder = run_dir(trainer)  # a collective under DDP: read on every rank, before the rank-0 branch
         if not trainer.is_global_zero or len(self.steps) < 2:
             return
-        fig = margin_figure(self.steps, np.asarray(self.values), pl_module.cloc_loss.margin_names(), self.frozen_step)  # type: ignore[union-attr]
+        fig = margin_figure(self.steps, np.asarray(self.values), pl_module.cloc_loss.margin_names(), self.frozen_step)
         tb = tensorboard(trainer)
         if tb is not None:
             tb.add_figure("cloc/margins", fig, trainer.global_step, close=False)

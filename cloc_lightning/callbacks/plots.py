@@ -46,7 +46,7 @@ def collect_outputs(
     """
     was_training = pl_module.training
     pl_module.eval()
-    embed = getattr(pl_module, "embed", None) or getattr(pl_module, "extract_features")
+    embed: Any = getattr(pl_module, "embed", None) or pl_module.extract_features
     feats, logits, labels, n = [], [], [], 0
     for x, y in loader:
         x = x.to(pl_module.device)
@@ -72,12 +72,15 @@ def project_2d(x: np.ndarray, method: Projection = "pca", seed: int = 0) -> np.n
     if x.shape[1] <= 2:
         return np.pad(x, ((0, 0), (0, 2 - x.shape[1])))
     if method == "pca":
-        return PCA(n_components=2, random_state=seed).fit_transform(x)
+        flat: np.ndarray = PCA(n_components=2, random_state=seed).fit_transform(x)
+        return flat
     from sklearn.manifold import TSNE
 
     if x.shape[1] > 50:
         x = PCA(n_components=50, random_state=seed).fit_transform(x)
-    return TSNE(n_components=2, init="pca", random_state=seed, perplexity=min(30.0, max(5.0, len(x) / 10))).fit_transform(x)
+    perplexity = min(30.0, max(5.0, len(x) / 10))
+    mapped: np.ndarray = TSNE(n_components=2, init="pca", random_state=seed, perplexity=perplexity).fit_transform(x)
+    return mapped
 
 
 class EmbeddingPlot(Callback):
@@ -99,10 +102,11 @@ class EmbeddingPlot(Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         folder = run_dir(trainer)  # every rank (a collective under DDP)
-        if not trainer.is_global_zero or trainer.datamodule is None:
+        dm = getattr(trainer, "datamodule", None)
+        if not trainer.is_global_zero or dm is None:
             return
-        feats, _, labels = collect_outputs(pl_module, trainer.datamodule.val_dataloader(), self.max_points, want_logits=False)
-        names = getattr(trainer.datamodule, "class_names", None)
+        feats, _, labels = collect_outputs(pl_module, dm.val_dataloader(), self.max_points, want_logits=False)
+        names = getattr(dm, "class_names", None)
         title = f"{type(pl_module).__name__}: validation embedding ({self.method.upper()})"
         fig = embedding_figure(project_2d(feats, self.method), labels, names, title)
         self.path = _write(trainer, fig, folder, f"embedding_{self.method}.png", "plots/embedding")
@@ -118,16 +122,17 @@ class ConfusionMatrixPlot(Callback):
 
     def _plot(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         folder = run_dir(trainer)  # every rank (a collective under DDP)
-        if not trainer.is_global_zero or trainer.datamodule is None:
+        dm = getattr(trainer, "datamodule", None)
+        if not trainer.is_global_zero or dm is None:
             return
-        loader = trainer.datamodule.val_dataloader() if stage == "val" else trainer.datamodule.test_dataloader()
+        loader = dm.val_dataloader() if stage == "val" else dm.test_dataloader()
         _, logits, labels = collect_outputs(pl_module, loader, self.max_points)
         if logits is None:
             return
         n = logits.shape[1]
         cm = np.zeros((n, n), dtype=np.int64)
         np.add.at(cm, (labels, logits.argmax(1)), 1)
-        names = getattr(trainer.datamodule, "class_names", None)
+        names = getattr(dm, "class_names", None)
         fig = confusion_figure(cm, names, f"{type(pl_module).__name__}: {stage} confusion")
         self.paths[stage] = _write(trainer, fig, folder, f"confusion_{stage}.png", f"plots/confusion_{stage}")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -114,7 +115,8 @@ class PredictionWriter(BasePredictionWriter):
             return None
         if not isinstance(outs[0], dict):
             warnings.warn(
-                f"PredictionWriter writes the dicts of predict_step; got {type(outs[0]).__name__}, nothing written"
+                f"PredictionWriter writes the dicts of predict_step; got {type(outs[0]).__name__}, nothing written",
+                stacklevel=2,
             )
             return None
         cat = {k: torch.cat([o[k].detach().cpu() for o in outs]) for k in outs[0]}
@@ -123,7 +125,8 @@ class PredictionWriter(BasePredictionWriter):
         if len(indices) != n:
             warnings.warn(
                 "PredictionWriter: the loader's batch indices are unavailable (not a DataLoader with a batch sampler); "
-                "the index column is the row number of this process's output"
+                "the index column is the row number of this process's output",
+                stacklevel=2,
             )
             indices = list(range(n))
         describe = _describer(trainer)

@@ -12,29 +12,30 @@ Validation/test/predict sets are always single-view with the eval transform; an
 unlabelled predict set (``predict_root``: a folder of images, or a CSV of paths
 without labels) yields image batches ``[B, 3, H, W]`` alone.
 
-Exact resume: the training order of epoch ``e`` is a function of ``(seed, e)``
-(:class:`EpochShuffleSampler`) and the augmentation of training sample ``i`` in
-epoch ``e`` a function of ``(seed, e, i)`` (:class:`TransformedSubset` with a
-``seed``), whichever loader worker process draws it, however many workers there
-are, and whether or not the run was resumed from a checkpoint.
-:class:`ResumableDataLoader` saves and restores the epoch and position.
+Exact resume (:mod:`cloc_lightning.resume`): the training loader is a
+:class:`~cloc_lightning.resume.ResumableDataLoader` over an
+:class:`~cloc_lightning.resume.EpochShuffleSampler` (order of epoch ``e`` from ``(seed, e)``),
+and the training set a :class:`TransformedSubset` with a ``seed`` (augmentation of sample
+``i`` in epoch ``e`` from ``(seed, e, i)``), whichever loader worker draws it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import logging
 import os
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset
 
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
@@ -44,6 +45,9 @@ from cloc_lightning.data.transforms import (
     eval_transform,
     train_transform,
 )
+from cloc_lightning.metrics import Task
+from cloc_lightning.resume import EpochShuffleSampler, ResumableDataLoader, sample_rng
+from cloc_lightning.validation import check_choice, check_float, check_int
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +61,44 @@ __all__ = [
     "hash_split",
     "IMAGE_EXTENSIONS",
     "DataConfigError",
+    "config_errors",
+    "check_val_fraction",
+    "BadFiles",
+    "Task",
+    # exact resume, defined in cloc_lightning.resume (re-exported: the data modules build their loaders from them)
     "EpochShuffleSampler",
     "ResumableDataLoader",
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
-Task = Literal["ordinal", "nominal"]
+#: what file-based sets do with an unreadable image: stop with its name, or warn and take the next one
+BadFiles = Literal["raise", "skip"]
 
 
 class DataConfigError(ValueError):
     """The data (root, files, labels, split) cannot be used as configured; the message names the fix."""
+
+
+@contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """Argument checks (:mod:`cloc_lightning.validation`) in the block raise :class:`DataConfigError`.
+
+    A data module's bad argument is a configuration error like a missing folder, so every
+    one of them is a :class:`DataConfigError` (a ``ValueError``) with the check's message.
+    """
+    try:
+        yield
+    except DataConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise DataConfigError(str(e)) from e
+
+
+def check_val_fraction(value: Any) -> float:
+    """``val_fraction`` in ``[0, 1)`` (a share of the training data held out), else a :class:`DataConfigError`."""
+    with config_errors():
+        return check_float("val_fraction", value, minimum=0.0, maximum=1.0, strict_maximum=True,
+                           expect="in [0, 1)", hint="0 = validate on the test set")
 
 
 def hash_fraction(key: str, salt: str = "") -> float:
@@ -85,10 +117,11 @@ def hash_split(keys: Sequence[str], fractions: Sequence[float], salt: str = "") 
     if (f < 0).any() or f.sum() <= 0:
         raise DataConfigError(f"split fractions must be >= 0 with a positive sum, got {list(fractions)}")
     edges = np.cumsum(f / f.sum())
-    return [int(min(np.searchsorted(edges, hash_fraction(k, salt), side="right"), len(f) - 1)) for k in keys]
+    last = len(f) - 1
+    return [min(int(np.searchsorted(edges, hash_fraction(k, salt), side="right")), last) for k in keys]
 
 
-class LabelledDataset(Dataset):
+class LabelledDataset(Dataset[Any]):
     """A dataset of ``(raw image, int label)`` with a ``targets`` list (base sets).
 
     ``labelled`` is ``False`` for sets without labels (a ``predict_root`` folder): their
@@ -136,13 +169,11 @@ class ImageFileDataset(LabelledDataset):
     readable sample instead.
     """
 
-    def __init__(
-        self, files: Sequence[str], targets: Sequence[int] | None, bad_files: Literal["raise", "skip"] = "raise"
-    ) -> None:
+    def __init__(self, files: Sequence[str], targets: Sequence[int] | None, bad_files: BadFiles = "raise") -> None:
         if targets is not None and len(files) != len(targets):
             raise ValueError("files and targets differ in length")
-        if bad_files not in ("raise", "skip"):
-            raise DataConfigError(f"bad_files must be 'raise' or 'skip', got {bad_files!r}")
+        with config_errors():
+            check_choice("bad_files", bad_files, BadFiles)
         self.files = list(files)
         self.labelled = targets is not None
         self.targets = [int(t) for t in targets] if targets is not None else [-1] * len(self.files)
@@ -169,37 +200,36 @@ class ImageFileDataset(LabelledDataset):
                         "Fix or remove the file, or set data bad_files: skip to skip unreadable files with a warning."
                     ) from e
                 self.skipped += 1
-                warnings.warn(f"skipping unreadable image {self.files[i]!r} ({self.skipped} skipped so far in this process)")
+                warnings.warn(f"skipping unreadable image {self.files[i]!r} ({self.skipped} skipped so far in this process)", stacklevel=2)
         raise RuntimeError(f"100 consecutive unreadable images starting at {self.files[index]!r}; check the data folder")
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    """A 63-bit generator seed that depends only on ``(seed, epoch)``."""
-    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(epoch)]).generate_state(1, np.uint64)[0] >> 1)
+def _shared_epoch() -> torch.Tensor:
+    """A one-element int64 tensor in shared memory (the epoch that loader workers read)."""
+    epoch = torch.zeros(1, dtype=torch.int64)
+    epoch.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    return epoch
 
 
-def _sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A 63-bit generator seed that depends only on ``(seed, epoch, index)`` (never equal to an epoch's seed)."""
-    sequence = np.random.SeedSequence(int(seed) & (2**63 - 1), spawn_key=(int(epoch), int(index)))
-    return int(sequence.generate_state(1, np.uint64)[0] >> 1)
+class TransformedSubset(LabelledDataset):
+    """``base`` restricted to ``indices``, with ``transform`` applied to the images.
 
-
-class TransformedSubset(Dataset):
-    """``base[indices[i]]`` with ``transform`` applied to the image: ``(image, label)``, or the image alone
-    when the base set is unlabelled.
+    Without a ``transform`` it is itself a base set (a :class:`LabelledDataset`: raw image
+    and ``int`` label, e.g. a held-out validation split).  With one, item ``i`` is
+    ``(transform(image), label tensor)``, or the transformed image alone when the base set is
+    unlabelled.
 
     With a ``seed`` (the training set) every sample's random transform is a function of
-    ``(seed, epoch, base index)`` alone: ``__getitem__`` runs the transform with torch's CPU
-    generator seeded from these three (:func:`_sample_seed`) inside
-    ``torch.random.fork_rng``, so it does not matter which loader worker draws the sample,
-    how many workers there are, or whether the run was resumed from a checkpoint, and
-    the calling process's global generator is left as it was (``num_workers: 0``).  The
+    ``(seed, epoch, base index)`` alone: ``__getitem__`` runs it inside
+    :func:`cloc_lightning.resume.sample_rng`, so it does not matter which loader worker draws
+    the sample, how many workers there are, or whether the run was resumed from a checkpoint,
+    and the calling process's global generator is left as it was (``num_workers: 0``).  The
     epoch lives in a one-element shared-memory tensor, so :meth:`set_epoch` in the main
     process reaches persistent worker processes (fork or spawn) before they load the
-    epoch's first sample; :class:`ResumableDataLoader` calls it at the start of every pass.
-    A copy unpickled in another process that sets epochs itself (a ``ddp_spawn`` rank)
-    switches to a shared tensor of its own at its first :meth:`set_epoch`, before its
-    workers start, so two processes never share one epoch.
+    epoch's first sample; :class:`~cloc_lightning.resume.ResumableDataLoader` calls it at the
+    start of every pass.  A copy unpickled in another process that sets epochs itself (a
+    ``ddp_spawn`` rank) switches to a shared tensor of its own at its first :meth:`set_epoch`,
+    before its workers start, so two processes never share one epoch.
     Transforms must draw from torch's generator (every torchvision v2 transform does,
     so do the pipelines of :mod:`cloc_lightning.data.transforms`); Python's ``random`` and
     NumPy's global generator are not seeded per sample.
@@ -207,24 +237,26 @@ class TransformedSubset(Dataset):
     Args:
         base: the base set (raw images, labels).
         indices: the base indices kept, in order (``None``: all).
-        transform: raw image -> tensor (or list of view tensors).
+        transform: raw image -> tensor (or list of view tensors); ``None``: raw images.
         seed: per-sample seeding of ``transform`` (see above); ``None`` (evaluation sets)
             draws from the process's global generator as usual.
     """
 
     def __init__(
-        self, base: LabelledDataset, indices: Sequence[int] | None, transform: Callable[[Any], Any], seed: int | None = None
+        self,
+        base: LabelledDataset,
+        indices: Sequence[int] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         self.base = base
         self.indices = list(range(len(base))) if indices is None else list(indices)
+        self.targets = [base.targets[i] for i in self.indices]
+        self.labelled = bool(getattr(base, "labelled", True))
         self.transform = transform
         self.seed = None if seed is None else int(seed)
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_() if seed is not None else None
+        self._epoch = _shared_epoch() if seed is not None else None
         self._epoch_owner = os.getpid()
-
-    @property
-    def targets(self) -> list[int]:
-        return [self.base.targets[i] for i in self.indices]
 
     @property
     def epoch(self) -> int:
@@ -236,13 +268,17 @@ class TransformedSubset(Dataset):
         if self._epoch is None:
             return
         if self._epoch_owner != os.getpid():  # unpickled from another process that may still use its tensor
-            self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+            self._epoch = _shared_epoch()
             self._epoch_owner = os.getpid()
         self._epoch.fill_(int(epoch))
 
-    def describe(self, i: int) -> str:
-        """The base set's name of sample ``i`` (its file path, or ``sample <base index>`` in memory)."""
-        return self.base.describe(self.indices[i])
+    def load(self, index: int) -> Any:
+        """The raw image of sample ``index``."""
+        return self.base.load(self.indices[index])
+
+    def describe(self, index: int) -> str:
+        """The base set's name of sample ``index`` (its file path, or ``sample <base index>`` in memory)."""
+        return self.base.describe(self.indices[index])
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -250,14 +286,14 @@ class TransformedSubset(Dataset):
     def __getitem__(self, i: int) -> Any:
         index = self.indices[i]
         image, label = self.base[index]
+        if self.transform is None:
+            return image, label
         if self.seed is None:
             out = self.transform(image)
         else:
-            # only torch's CPU generator, seeded with its own (not torch.manual_seed: that would reseed CUDA too)
-            with torch.random.fork_rng(devices=[]):
-                torch.default_generator.manual_seed(_sample_seed(self.seed, self.epoch, index))
+            with sample_rng(self.seed, self.epoch, index):
                 out = self.transform(image)
-        if not getattr(self.base, "labelled", True):
+        if not self.labelled:
             return out
         return out, torch.tensor(label, dtype=torch.long)
 
@@ -265,108 +301,8 @@ class TransformedSubset(Dataset):
         # a plain pickle / deepcopy copies the epoch tensor out of shared memory: share the copy again so that
         # this copy's own loader workers see its set_epoch (torch.multiprocessing pickling keeps it shared)
         self.__dict__.update(state)
-        if self._epoch is not None and not self._epoch.is_shared():
-            self._epoch.share_memory_()
-
-
-class EpochShuffleSampler(RandomSampler):
-    """Random order of every epoch drawn from ``(seed, epoch)`` alone, so a resumed run sees the same batches.
-
-    A ``RandomSampler`` with one generator draws each epoch's order from the previous
-    draws: a run resumed at epoch ``e`` (a fresh generator) would replay epoch 0's order.
-    Here epoch ``e`` always uses ``randperm(n, generator seeded from (seed, e))``;
-    Lightning calls :meth:`set_epoch` at the start of every epoch (and the checkpointed
-    epoch when resuming).  ``skip(n)`` drops the first ``n`` indices of the next pass only
-    (mid-epoch resume, see :class:`ResumableDataLoader`).  Being a ``RandomSampler``,
-    Lightning replaces it by a ``DistributedSampler`` (itself epoch-seeded) under DDP.
-    """
-
-    def __init__(self, data_source: Any, seed: int = 0) -> None:
-        super().__init__(data_source)
-        self.seed = int(seed)
-        self.epoch = 0
-        self._skip = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s order from the next pass on (a pending skip belongs to its epoch only)."""
-        if int(epoch) != self.epoch:
-            self._skip = 0
-        self.epoch = int(epoch)
-
-    def skip(self, n: int) -> None:
-        """Start the next pass at position ``n`` of the epoch's order."""
-        self._skip = max(0, int(n))
-
-    def __iter__(self) -> Any:
-        g = torch.Generator()
-        g.manual_seed(_epoch_seed(self.seed, self.epoch))
-        order = torch.randperm(len(self.data_source), generator=g).tolist()
-        start, self._skip = self._skip, 0
-        yield from order[start:]
-
-
-class ResumableDataLoader(DataLoader):
-    """The training ``DataLoader``: its epoch and position are saved in checkpoints and restored on resume.
-
-    Implements Lightning's ``state_dict`` / ``load_state_dict`` protocol for data loaders:
-    a checkpoint written after the ``k``-th batch of epoch ``e`` stores ``{epoch: e,
-    batches: k}``; resuming from it continues with batch ``k + 1`` of epoch ``e``'s order
-    (:class:`EpochShuffleSampler`), exactly as the uninterrupted run.  A checkpoint
-    written at the end of an epoch stores ``{epoch: e + 1, batches: 0}``.  Iteration is lazy
-    (workers start, and the sampler is read, at the first batch), so the epoch that
-    Lightning sets just before the epoch starts is always the one used.  With another
-    sampler (e.g. Lightning's ``DistributedSampler`` under DDP) the epoch is restored but
-    a mid-epoch resume restarts that epoch's order (Lightning's behaviour).
-
-    At the start of every pass, before any index reaches a worker, the sampler's epoch is
-    passed to the dataset's ``set_epoch`` (when it has one: :class:`TransformedSubset` with
-    a ``seed``), so the augmentations are epoch ``e``'s in every worker process as well; a
-    sampler without an ``epoch`` attribute counts the passes instead.
-    """
-
-    def _position(self) -> int:
-        return int(getattr(self, "_batches_done", 0))
-
-    def _set_dataset_epoch(self) -> None:
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if not callable(set_epoch):
-            return
-        epoch = getattr(self.sampler, "epoch", None)
-        if epoch is None:
-            epoch = self._passes = int(getattr(self, "_passes", -1)) + 1
-        set_epoch(int(epoch))
-
-    def __iter__(self) -> Any:
-        # runs at the first batch (a generator): after Lightning's set_epoch / load_state_dict, before
-        # DataLoader.__iter__ hands the epoch's first indices to the (persistent) workers
-        self._set_dataset_epoch()
-        self._batches_done = int(getattr(self, "_resume_batches", 0))
-        self._resume_batches = 0
-        for batch in super().__iter__():
-            self._batches_done += 1
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        sampler = self.sampler
-        epoch = int(getattr(sampler, "epoch", 0))
-        done = self._position()
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
-        return {"epoch": epoch, "batches": done, "batch_size": self.batch_size}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sampler = self.sampler
-        epoch, done = int(state_dict.get("epoch", 0)), int(state_dict.get("batches", 0))
-        if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
-        if done and isinstance(sampler, EpochShuffleSampler) and self.batch_size:
-            sampler.skip(done * int(self.batch_size))
-            self._resume_batches = done
-        elif done:
-            warnings.warn(
-                f"resuming mid-epoch with a {type(sampler).__name__}: epoch {epoch}'s data order restarts "
-                "from its first batch (exact mid-epoch resume needs the data module's own shuffling sampler)"
-            )
+        if self._epoch is not None and not self._epoch.is_shared():  # type: ignore[no-untyped-call]
+            self._epoch.share_memory_()  # type: ignore[no-untyped-call]
 
 
 #: ``rrc_scale`` default: RandomResizedCrop keeps 50-100 % of the image area
@@ -378,13 +314,10 @@ def _check_rrc_scale(value: Any) -> tuple[float, float]:
     hint = "give two numbers [min, max] with 0 < min <= max <= 1, e.g. rrc_scale: [0.2, 1.0] (SupContrast)"
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
         raise DataConfigError(f"rrc_scale must be a pair [min, max] of image-area fractions, got {value!r}; {hint}")
-    lo, hi = value
-    for v in (lo, hi):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-            raise DataConfigError(f"rrc_scale entries must be finite numbers, got {list(value)!r}; {hint}")
-    if not 0.0 < lo <= hi <= 1.0:
-        raise DataConfigError(f"rrc_scale={list(value)!r} is not a valid crop-area range; {hint}")
-    return (float(lo), float(hi))
+    with config_errors():
+        lo = check_float("rrc_scale min", value[0], minimum=0.0, strict_minimum=True, maximum=1.0, hint=hint)
+        hi = check_float("rrc_scale max", value[1], minimum=lo, maximum=1.0, hint=hint)
+    return (lo, hi)
 
 
 def _auto_workers() -> int:
@@ -435,7 +368,8 @@ class BaseDataModule(L.LightningDataModule):
             labels in ``[0, num_classes)`` or names from ``class_names``) giving targets.
     """
 
-    task: ClassVar[Task] = "ordinal"
+    #: the kind of labels (a class attribute; the folder / CSV modules take it as an argument)
+    task: Task = "ordinal"
     default_mean: ClassVar[tuple[float, float, float]] = IMAGENET_MEAN
     default_std: ClassVar[tuple[float, float, float]] = IMAGENET_STD
 
@@ -456,21 +390,18 @@ class BaseDataModule(L.LightningDataModule):
         class_fraction: dict[int, float] | None = None,
         drop_last: bool = True,
         seed: int = 0,
-        bad_files: Literal["raise", "skip"] = "raise",
+        bad_files: BadFiles = "raise",
         predict_root: str | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise DataConfigError(f"batch_size must be >= 1, got {batch_size}")
-        if few_shot is not None and few_shot < 1:
-            raise DataConfigError(f"few_shot must be >= 1 images per class (or null), got {few_shot}")
-        if not 0.0 < train_fraction <= 1.0:
-            raise DataConfigError(f"train_fraction must be in (0, 1], got {train_fraction}")
-        for c, f in (class_fraction or {}).items():
-            if not 0.0 <= f <= 1.0:
-                raise DataConfigError(f"class_fraction[{c}] must be in [0, 1], got {f}")
-        if bad_files not in ("raise", "skip"):
-            raise DataConfigError(f"bad_files must be 'raise' or 'skip', got {bad_files!r}")
+        with config_errors():
+            check_int("batch_size", batch_size, 1)
+            if few_shot is not None:
+                check_int("few_shot", few_shot, 1, hint="images per class, or null: all")
+            check_float("train_fraction", train_fraction, minimum=0.0, strict_minimum=True, maximum=1.0)
+            for c, f in (class_fraction or {}).items():
+                check_float(f"class_fraction[{c}]", f, minimum=0.0, maximum=1.0)
+            check_choice("bad_files", bad_files, BadFiles)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = _auto_workers() if num_workers is None else num_workers
@@ -586,7 +517,7 @@ class BaseDataModule(L.LightningDataModule):
         if not rows:
             raise DataConfigError(f"predict_root CSV {str(path)!r} has no rows; list one image path per row")
         files = [str(path.parent / r["path"]) for _, r in rows]
-        missing = [(line, r["path"]) for (line, r), f in zip(rows, files) if not r["path"] or not os.path.isfile(f)]
+        missing = [(line, r["path"]) for (line, r), f in zip(rows, files, strict=True) if not r["path"] or not os.path.isfile(f)]
         if missing:
             shown = "; ".join(f"line {line}: {p!r}" for line, p in missing[:5])
             raise DataConfigError(
@@ -606,7 +537,7 @@ class BaseDataModule(L.LightningDataModule):
         lookup = {name: c for c, name in enumerate(names)}
         labels: list[int] = []
         bad: list[str] = []
-        for (line, r), v in zip(rows, values):
+        for (line, r), v in zip(rows, values, strict=True):
             if numeric and v and 0 <= int(v) < n:
                 labels.append(int(v))
             elif not numeric and v in lookup:
@@ -692,7 +623,7 @@ class BaseDataModule(L.LightningDataModule):
                 "with drop_last=true, so no batch would be produced; lower batch_size or set drop_last: false"
             )
 
-    def _loader(self, ds: Dataset, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+    def _loader(self, ds: Dataset[Any], batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader[Any]:
         """Shuffled loaders are a :class:`ResumableDataLoader` over an :class:`EpochShuffleSampler` (exact resume).
 
         Every loader has its own generator (worker seeds) and the training set seeds its
@@ -712,26 +643,26 @@ class BaseDataModule(L.LightningDataModule):
             return ResumableDataLoader(ds, sampler=EpochShuffleSampler(ds, self.seed), **common)
         return DataLoader(ds, shuffle=False, **common)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader[Any]:
         assert self.train_set is not None, "call setup('fit') first"
         return self._loader(self.train_set, self.batch_size, True, self.drop_last)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader[Any]:
         assert self.val_set is not None, "call setup() first"
         return self._loader(self.val_set, self.eval_batch_size, False, False)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader[Any]:
         assert self.test_set is not None, "call setup() first"
         return self._loader(self.test_set, self.eval_batch_size, False, False)
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader[Any]:
         """The ``predict_root`` images when set, else the test split (in order)."""
         if self.predict_root is None:
             return self.test_dataloader()
         assert self.predict_set is not None, "call setup('predict') first"
         return self._loader(self.predict_set, self.eval_batch_size, False, False)
 
-    def train_eval_dataloader(self) -> DataLoader:
+    def train_eval_dataloader(self) -> DataLoader[Any]:
         """The (subsampled) training set with the *eval* transform, in order (for feature probes)."""
         base = self._ensure_base()
         assert self.train_set is not None, "call setup() first"

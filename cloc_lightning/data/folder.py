@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any
 
 from cloc_lightning.data.base import (
     IMAGE_EXTENSIONS,
@@ -13,8 +14,12 @@ from cloc_lightning.data.base import (
     DataConfigError,
     ImageFileDataset,
     LabelledDataset,
+    check_val_fraction,
+    config_errors,
     hash_split,
 )
+from cloc_lightning.metrics import Task
+from cloc_lightning.validation import check_choice, check_int
 
 __all__ = ["ImageFolderDataModule", "CSVDataModule"]
 
@@ -65,7 +70,7 @@ class ImageFolderDataModule(BaseDataModule):
     def __init__(
         self,
         root: str,
-        task: Literal["nominal", "ordinal"] = "nominal",
+        task: Task = "nominal",
         class_order: list[str] | None = None,
         val_fraction: float = 0.1,
         split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
@@ -75,14 +80,11 @@ class ImageFolderDataModule(BaseDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if task not in ("nominal", "ordinal"):
-            raise DataConfigError(f"task must be 'nominal' or 'ordinal', got {task!r}")
-        if not 0.0 <= val_fraction < 1.0:
-            raise DataConfigError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        with config_errors():
+            self.task = check_choice("task", task, Task)
+        self.val_fraction = check_val_fraction(val_fraction)
         self.root = root
-        self.task = task  # type: ignore[misc]
         self.class_order = class_order
-        self.val_fraction = val_fraction
         self.split_fractions = tuple(split_fractions)
         self.dirs = {"train": train_dir, "val": val_dir, "test": test_dir}
 
@@ -131,16 +133,16 @@ class ImageFolderDataModule(BaseDataModule):
             if (path / self.dirs["val"]).is_dir():
                 sets["train"], sets["val"] = train, _scan(path / self.dirs["val"], self.class_names)
             else:
-                split = hash_split([os.path.basename(f) + str(y) for f, y in zip(*train)], (1 - self.val_fraction, self.val_fraction))
+                split = hash_split([os.path.basename(f) + str(y) for f, y in zip(*train, strict=True)], (1 - self.val_fraction, self.val_fraction))
                 for i, name in enumerate(("train", "val")):
-                    sets[name] = ([f for f, s in zip(train[0], split) if s == i], [y for y, s in zip(train[1], split) if s == i])
+                    sets[name] = ([f for f, s in zip(train[0], split, strict=True) if s == i], [y for y, s in zip(train[1], split, strict=True) if s == i])
         else:
             files, labels = _scan(path, self.class_names)
             if not files:
                 raise DataConfigError(f"no images under {str(path)!r}")
             split = hash_split([os.path.relpath(f, path) for f in files], self.split_fractions)
             for i, name in enumerate(("train", "val", "test")):
-                sets[name] = ([f for f, s in zip(files, split) if s == i], [y for y, s in zip(labels, split) if s == i])
+                sets[name] = ([f for f, s in zip(files, split, strict=True) if s == i], [y for y, s in zip(labels, split, strict=True) if s == i])
         return {k: ImageFileDataset(f, y, self.bad_files) for k, (f, y) in sets.items()}
 
 
@@ -177,15 +179,17 @@ class CSVDataModule(BaseDataModule):
         path_column: str = "path",
         label_column: str = "label",
         split_column: str | None = None,
-        task: Literal["nominal", "ordinal"] = "ordinal",
+        task: Task = "ordinal",
         class_names: list[str] | None = None,
         num_classes: int | None = None,
         split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if num_classes is not None and num_classes < 2:
-            raise DataConfigError(f"num_classes must be >= 2 (or null to infer it from the labels), got {num_classes}")
+        with config_errors():
+            self.task = check_choice("task", task, Task)
+            if num_classes is not None:
+                check_int("num_classes", num_classes, 2, hint="or null to infer it from the labels")
         if num_classes is not None and class_names and len(class_names) != num_classes:
             raise DataConfigError(
                 f"num_classes={num_classes} but class_names has {len(class_names)} names; give one name per class "
@@ -194,7 +198,6 @@ class CSVDataModule(BaseDataModule):
         self.csv_path = csv_path
         self.root = root
         self.columns = (path_column, label_column, split_column)
-        self.task = task  # type: ignore[misc]
         self.given_class_names = class_names
         self.given_num_classes = num_classes
         self.split_fractions = tuple(split_fractions)
@@ -225,7 +228,8 @@ class CSVDataModule(BaseDataModule):
     def _label_rows(self, wanted: Callable[[str], bool], limit: int = 5) -> str:
         """``line <n>: <path> (label <v>)`` for the first ``limit`` rows whose stripped label satisfies ``wanted``."""
         path_col, label_col, _ = self.columns
-        hits = [(line, r) for line, r in zip(self._lines, self._read_rows()) if wanted((r[label_col] or "").strip())]
+        rows = self._read_rows()  # fills self._lines
+        hits = [(line, r) for line, r in zip(self._lines, rows, strict=True) if wanted((r[label_col] or "").strip())]
         shown = "; ".join(
             f"line {line}: {r[path_col]!r} (label {(r[label_col] or '').strip()!r})" for line, r in hits[:limit]
         )
@@ -316,6 +320,6 @@ class CSVDataModule(BaseDataModule):
         else:
             split = hash_split([r[path_col] for r in rows], self.split_fractions)
         return {
-            name: ImageFileDataset([f for f, s in zip(files, split) if s == i], [y for y, s in zip(labels, split) if s == i], self.bad_files)
+            name: ImageFileDataset([f for f, s in zip(files, split, strict=True) if s == i], [y for y, s in zip(labels, split, strict=True) if s == i], self.bad_files)
             for i, name in enumerate(("train", "val", "test"))
         }

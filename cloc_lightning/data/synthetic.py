@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cloc_lightning.data.base import BaseDataModule, DataConfigError, LabelledDataset, TensorImageDataset
+from cloc_lightning.data.base import BaseDataModule, LabelledDataset, TensorImageDataset, config_errors
+from cloc_lightning.validation import check_int
 
 __all__ = ["make_ordinal_shapes", "OrdinalShapesDataModule"]
 
@@ -47,10 +48,9 @@ def make_ordinal_shapes(
         ``int64`` ``[n]`` with balanced labels in ``[0, num_classes)``; image ``i``
         shows ``labels[i] + 1`` objects.
     """
-    if num_classes < 2:
-        raise DataConfigError(f"num_classes must be >= 2, got {num_classes}")
-    if image_size < 16:
-        raise DataConfigError(f"image_size must be >= 16 for the shapes to be visible, got {image_size}")
+    with config_errors():
+        check_int("num_classes", num_classes, 2)
+        check_int("image_size", image_size, 16, hint="smaller shapes are not visible")
     rng = np.random.default_rng(seed)
     labels = np.arange(n) % num_classes
     rng.shuffle(labels)
@@ -116,9 +116,8 @@ class OrdinalShapesDataModule(BaseDataModule):
     ) -> None:
         kwargs.setdefault("image_size", 32)
         super().__init__(**kwargs)
-        if num_classes < 2:
-            raise DataConfigError(f"num_classes must be >= 2, got {num_classes}")
-        self.n_classes = num_classes
+        with config_errors():
+            self.n_classes = check_int("num_classes", num_classes, 2)
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.noise = noise
         self.data_seed = data_seed

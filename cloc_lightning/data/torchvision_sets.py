@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -37,10 +38,14 @@ from cloc_lightning.data.base import (
     DataConfigError,
     LabelledDataset,
     TensorImageDataset,
+    TransformedSubset,
+    check_val_fraction,
+    config_errors,
     hash_fraction,
     hash_split,
 )
 from cloc_lightning.data.transforms import CIFAR_MEAN, CIFAR_STD
+from cloc_lightning.validation import check_choice, check_float
 
 __all__ = [
     "CIFAR10DataModule",
@@ -53,6 +58,8 @@ __all__ = [
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 STL10_CLASSES = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
+#: what the STL-10 training loader serves: the 5k labelled images, the 100k unlabelled ones, or both
+STL10Split = Literal["train", "unlabeled", "train+unlabeled"]
 STL10_MEAN = (0.4467, 0.4398, 0.4066)
 STL10_STD = (0.2603, 0.2566, 0.2713)
 CIFAR100_MEAN = (0.5071, 0.4867, 0.4408)
@@ -165,14 +172,12 @@ class _TorchvisionFilesDataModule(BaseDataModule):
 
     def __init__(self, root: str = "data", download: bool = True, val_fraction: float = 0.1, download_timeout: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if not 0.0 <= val_fraction < 1.0:
-            raise DataConfigError(f"val_fraction must be in [0, 1), got {val_fraction} (0 = validate on the test set)")
-        if download_timeout <= 0:
-            raise DataConfigError(f"download_timeout must be > 0 seconds, got {download_timeout}")
+        self.val_fraction = check_val_fraction(val_fraction)
+        with config_errors():
+            self.download_timeout = check_float("download_timeout", download_timeout, minimum=0.0, strict_minimum=True,
+                                                hint="seconds")
         self.root = root
         self.download = download
-        self.val_fraction = val_fraction
-        self.download_timeout = download_timeout
 
     # ------------------------------------------------------------ files
     @property
@@ -220,36 +225,23 @@ class _TorchvisionFilesDataModule(BaseDataModule):
             return {"train": train, "val": test, "test": test}
         labelled = [i for i, t in enumerate(train.targets) if t >= 0]
         split = hash_split([str(i) for i in labelled], (1 - self.val_fraction, self.val_fraction), salt="val")
-        val_idx = {i for i, s in zip(labelled, split) if s == 1}
+        val_idx = {i for i, s in zip(labelled, split, strict=True) if s == 1}
         train_idx = [i for i in range(len(train)) if i not in val_idx]
-        return {"train": _Subset(train, train_idx), "val": _Subset(train, sorted(val_idx)), "test": test}
-
-
-class _Subset(LabelledDataset):
-    """``base`` restricted to ``indices`` (keeps raw images and labels)."""
-
-    def __init__(self, base: LabelledDataset, indices: Sequence[int]) -> None:
-        self.base = base
-        self.indices = list(indices)
-        self.targets = [base.targets[i] for i in self.indices]
-
-    def load(self, index: int) -> Any:
-        return self.base.load(self.indices[index])
-
-    def describe(self, index: int) -> str:
-        return self.base.describe(self.indices[index])
+        return {"train": TransformedSubset(train, train_idx), "val": TransformedSubset(train, sorted(val_idx)), "test": test}
 
 
 def _unpickle(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return pickle.load(f, encoding="latin1")
-    except Exception as e:  # noqa: BLE001
+            entry: dict[str, Any] = pickle.load(f, encoding="latin1")
+            return entry
+    except Exception as e:
         raise DataConfigError(f"cannot read {str(path)!r} as a CIFAR python batch ({type(e).__name__}: {e}); re-download it") from e
 
 
 def _cifar_batches(folder: Path, names: Sequence[str], label_key: str) -> TensorImageDataset:
-    images, labels = [], []
+    images: list[np.ndarray] = []
+    labels: list[int] = []
     for name in names:
         entry = _unpickle(folder / name)
         if "data" not in entry or label_key not in entry:
@@ -285,7 +277,7 @@ class CIFAR10DataModule(_TorchvisionFilesDataModule):
 
     tv_name = "CIFAR10"
     folder = "cifar-10-batches-py"
-    required_files = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+    required_files = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
     pretty = "CIFAR-10"
     default_mean = CIFAR_MEAN
     default_std = CIFAR_STD
@@ -373,7 +365,7 @@ class STL10DataModule(_TorchvisionFilesDataModule):
     def __init__(
         self,
         root: str = "data",
-        train_split: Literal["train", "unlabeled", "train+unlabeled"] = "train",
+        train_split: STL10Split = "train",
         download: bool = True,
         val_fraction: float = 0.1,
         download_timeout: float = 10.0,
@@ -381,9 +373,8 @@ class STL10DataModule(_TorchvisionFilesDataModule):
     ) -> None:
         kwargs.setdefault("image_size", 96)
         super().__init__(root=root, download=download, val_fraction=val_fraction, download_timeout=download_timeout, **kwargs)
-        if train_split not in ("train", "unlabeled", "train+unlabeled"):
-            raise DataConfigError(f"train_split must be train, unlabeled or train+unlabeled, got {train_split!r}")
-        self.train_split = train_split
+        with config_errors():
+            self.train_split: STL10Split = check_choice("train_split", train_split, STL10Split)
 
     @property
     def required_files(self) -> tuple[str, ...]:  # type: ignore[override]

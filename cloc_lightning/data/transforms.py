@@ -11,10 +11,13 @@ ends with a normalised ``float32`` tensor ``[3, size, size]``.
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torchvision.transforms import v2
+
+from cloc_lightning.validation import check_choice, check_int
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -36,6 +39,10 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 Augment = Literal["none", "flip", "crop_flip", "rrc_flip"]
+#: the size a multi-crop view's blur kernel follows: each crop's own, or the global views' (the seed)
+BlurKernelFrom = Literal["crop", "global"]
+#: how local crop sizes are rounded from the global size: ``round``, or ``floor`` (the seed's ``int()``)
+LocalSizeRounding = Literal["round", "floor"]
 Transform = Callable[[object], torch.Tensor]
 
 
@@ -45,7 +52,8 @@ def _to_tensor(mean: Sequence[float], std: Sequence[float]) -> list[v2.Transform
 
 def eval_transform(image_size: int, mean: Sequence[float], std: Sequence[float]) -> Transform:
     """Resize to ``image_size`` x ``image_size`` and normalise."""
-    return v2.Compose([v2.ToImage(), v2.Resize((image_size, image_size), antialias=True), *_to_tensor(mean, std)[1:]])
+    pipeline: Transform = v2.Compose([v2.ToImage(), v2.Resize((image_size, image_size), antialias=True), *_to_tensor(mean, std)[1:]])
+    return pipeline
 
 
 def train_transform(
@@ -61,6 +69,7 @@ def train_transform(
     (resize, random crop with 1/8 padding, flip; the CIFAR recipe) or ``rrc_flip``
     (RandomResizedCrop with ``rrc_scale`` and flip; the ImageNet recipe).
     """
+    check_choice("augment", augment, Augment)
     base: list[v2.Transform] = [v2.ToImage()]
     if augment == "rrc_flip":
         base += [v2.RandomResizedCrop(image_size, scale=rrc_scale, antialias=True), v2.RandomHorizontalFlip()]
@@ -70,9 +79,8 @@ def train_transform(
             base.append(v2.RandomCrop(image_size, padding=max(1, image_size // 8), padding_mode="reflect"))
         if augment in ("crop_flip", "flip"):
             base.append(v2.RandomHorizontalFlip())
-        elif augment != "none":
-            raise ValueError(f"augment must be one of none|flip|crop_flip|rrc_flip, got {augment!r}")
-    return v2.Compose(base + _to_tensor(mean, std)[1:])
+    pipeline: Transform = v2.Compose(base + _to_tensor(mean, std)[1:])
+    return pipeline
 
 
 class MultiViewTransform:
@@ -122,8 +130,7 @@ class SupConViews(ViewTransform):
         grayscale_p: float = 0.2,
         size: int | None = None,
     ) -> None:
-        if n_views < 1:
-            raise ValueError(f"n_views must be >= 1, got {n_views}")
+        check_int("n_views", n_views, 1)
         self._n_views = n_views
         self.scale = tuple(scale)
         self.jitter = tuple(jitter)
@@ -208,25 +215,24 @@ class MultiCropViews(ViewTransform):
         solarize_p: float = 0.2,
         blur_kernel_size: int | None = None,
         solarize_threshold: float = 128,
-        blur_kernel_from: Literal["crop", "global"] = "crop",
-        local_size_rounding: Literal["round", "floor"] = "round",
+        blur_kernel_from: BlurKernelFrom = "crop",
+        local_size_rounding: LocalSizeRounding = "round",
     ) -> None:
-        if blur_kernel_size is not None and (blur_kernel_size < 1 or blur_kernel_size % 2 == 0):
-            raise ValueError(f"blur_kernel_size must be an odd positive integer (or null = ~10% of the crop), got {blur_kernel_size}")
-        if num_global_views < 1 or num_local_views < 0:
-            raise ValueError(
-                f"need num_global_views >= 1 and num_local_views >= 0, got {num_global_views} and {num_local_views}"
-            )
-        if blur_kernel_from not in ("crop", "global"):
-            raise ValueError(f"blur_kernel_from must be 'crop' (each crop's size) or 'global' (the seed), got {blur_kernel_from!r}")
-        if local_size_rounding not in ("round", "floor"):
-            raise ValueError(f"local_size_rounding must be 'round' or 'floor' (the seed's int()), got {local_size_rounding!r}")
+        if blur_kernel_size is not None:
+            odd = "an odd positive integer (or null = ~10% of the crop)"
+            if check_int("blur_kernel_size", blur_kernel_size, 1, expect=odd) % 2 == 0:
+                raise ValueError(f"blur_kernel_size must be {odd}, got {blur_kernel_size}")
+        check_int("num_global_views", num_global_views, 1)
+        check_int("num_local_views", num_local_views, 0)
+        check_choice("blur_kernel_from", blur_kernel_from, BlurKernelFrom, hint="'crop': each crop's size, 'global': the seed's")
+        check_choice("local_size_rounding", local_size_rounding, LocalSizeRounding, hint="'floor' is the seed's int()")
         self.num_global_views = num_global_views
         self.num_local_views = num_local_views
         self.global_size = global_size
         self.local_size = local_size
-        self.global_scale = tuple(global_scale)
-        self.local_scale = tuple(local_scale)
+        (g_lo, g_hi), (l_lo, l_hi) = global_scale, local_scale  # (min, max) area fractions
+        self.global_scale = (g_lo, g_hi)
+        self.local_scale = (l_lo, l_hi)
         self.jitter = tuple(jitter)
         self.jitter_p = jitter_p
         self.grayscale_p = grayscale_p
@@ -276,7 +282,8 @@ class MultiCropViews(ViewTransform):
         ]
         if solarize:
             ops.append(v2.RandomSolarize(threshold=self.solarize_threshold, p=self.solarize_p))
-        return v2.Compose(ops + _to_tensor(mean, std)[1:])
+        pipeline: Transform = v2.Compose(ops + _to_tensor(mean, std)[1:])
+        return pipeline
 
     def build(self, image_size: int, mean: Sequence[float], std: Sequence[float]) -> MultiViewTransform:
         g_size, l_size = self.sizes(image_size)

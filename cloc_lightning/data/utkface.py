@@ -9,10 +9,12 @@ splits deterministically by a hash of the file name.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from cloc_lightning.data.base import (
     IMAGE_EXTENSIONS,
@@ -20,10 +22,15 @@ from cloc_lightning.data.base import (
     DataConfigError,
     ImageFileDataset,
     LabelledDataset,
+    config_errors,
     hash_split,
 )
+from cloc_lightning.validation import check_choice
 
-__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS"]
+__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS", "LabelMode"]
+
+#: labels: the age group (``age_bins``) or the age in years itself
+LabelMode = Literal["bins", "age"]
 
 #: Lower edges of the default age groups: 0-3, 4-7, 8-14, 15-24, 25-37, 38-47, 48-59, 60+
 #: (the eight Adience groups 0-2, 4-6, 8-13, 15-20, 25-32, 38-43, 48-53, 60+ with their gaps closed).
@@ -84,7 +91,7 @@ class UTKFaceDataModule(BaseDataModule):
     def __init__(
         self,
         root: str,
-        label_mode: Literal["bins", "age"] = "bins",
+        label_mode: LabelMode = "bins",
         age_bins: Sequence[int] = DEFAULT_AGE_BINS,
         min_age: int = 1,
         max_age: int = 80,
@@ -97,9 +104,9 @@ class UTKFaceDataModule(BaseDataModule):
         kwargs.setdefault("image_size", 64)
         super().__init__(**kwargs)
         bins = [int(b) for b in age_bins]
-        if label_mode not in ("bins", "age"):
-            raise DataConfigError(f"label_mode must be 'bins' or 'age', got {label_mode!r}")
-        if label_mode == "bins" and (len(bins) < 2 or bins[0] != 0 or any(b <= a for a, b in zip(bins, bins[1:]))):
+        with config_errors():
+            check_choice("label_mode", label_mode, LabelMode)
+        if label_mode == "bins" and (len(bins) < 2 or bins[0] != 0 or any(b <= a for a, b in itertools.pairwise(bins))):
             raise DataConfigError(f"age_bins must be strictly increasing lower edges starting at 0 (>= 2 groups), got {bins}")
         if label_mode == "age" and not 0 <= min_age < max_age:
             raise DataConfigError(f"need 0 <= min_age < max_age, got {min_age}, {max_age}")
@@ -125,8 +132,7 @@ class UTKFaceDataModule(BaseDataModule):
         if self.label_mode == "age":
             return [str(a) for a in range(self.min_age, self.max_age + 1)]
         edges = self.age_bins
-        names = [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])]
-        return names + [f"{edges[-1]}+"]
+        return [*(f"{a}-{b - 1}" for a, b in itertools.pairwise(edges)), f"{edges[-1]}+"]
 
     def _read(self, root: str) -> tuple[list[str], list[int]]:
         files, labels, bad = [], [], []
@@ -145,7 +151,7 @@ class UTKFaceDataModule(BaseDataModule):
         if bad:
             import warnings
 
-            warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}")
+            warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}", stacklevel=2)
         if not files:
             raise DataConfigError(f"no UTKFace images with parseable names in {root!r}")
         return files, labels
@@ -156,15 +162,15 @@ class UTKFaceDataModule(BaseDataModule):
         keys = [os.path.basename(f) for f in files]
         if self.test_root is None:
             split = hash_split(keys, self.split_fractions, self.split_salt)
-            test_files = [f for f, s in zip(files, split) if s == 2]
-            test_labels = [y for y, s in zip(labels, split) if s == 2]
+            test_files = [f for f, s in zip(files, split, strict=True) if s == 2]
+            test_labels = [y for y, s in zip(labels, split, strict=True) if s == 2]
         else:
             split = hash_split(keys, self.split_fractions[:2], self.split_salt)
             test_files, test_labels = self._read(self.test_root)
         sets: dict[str, LabelledDataset] = {}
         for i, name in enumerate(("train", "val")):
             sets[name] = ImageFileDataset(
-                [f for f, s in zip(files, split) if s == i], [y for y, s in zip(labels, split) if s == i], self.bad_files
+                [f for f, s in zip(files, split, strict=True) if s == i], [y for y, s in zip(labels, split, strict=True) if s == i], self.bad_files
             )
         sets["test"] = ImageFileDataset(test_files, test_labels, self.bad_files)
         return sets

@@ -111,6 +111,7 @@ def create_backbone(
             "Use backbone_init: timm with pretrained weights, or pretrained: false."
         )
     create_kwargs: dict[str, Any] = dict(num_classes=0, in_chans=in_chans, **kwargs)
+    model: Any  # a timm model (timm is untyped): it has ``num_features``
     if isinstance(pretrained, str) and pretrained.lower() not in ("true", "false"):
         path = os.path.expanduser(pretrained)
         if not os.path.isfile(path):
@@ -130,7 +131,7 @@ def create_backbone(
     if cifar_stem:
         apply_cifar_stem(model, name)
     init_backbone(model, init)
-    num_features = int(getattr(model, "num_features"))
+    num_features = int(model.num_features)
     return model, num_features
 
 
