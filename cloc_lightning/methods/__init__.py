@@ -1,13 +1,13 @@
 """One LightningModule per method, on a thin shared base."""
 
 from cloc_lightning.methods.base import BaseModule, ClassifierModule
-from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.methods.ce import CEModule
 from cloc_lightning.methods.cloc import CLOCModule
 from cloc_lightning.methods.linear_probe import LinearProbeModule
-from cloc_lightning.methods.supcon import SupConModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
+from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.methods.relic import ReLICModule
+from cloc_lightning.methods.supcon import SupConModule
 
 __all__ = ["BaseModule", "ClassifierModule", "PretrainModule", "CEModule", "CLOCModule"]
 __all__ += ["LinearProbeModule", "SupConModule"]

@@ -37,17 +37,24 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, ClassVar, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal, cast
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from torch import nn
 from torchmetrics import MetricCollection
 
 from cloc_lightning.checkpoints import (
-    DEFAULT_ENCODER_PREFIX, ENCODER_META_KEY, MODULE_META_KEY, check_checkpoint, encoder_metadata, module_record,
+    DEFAULT_ENCODER_PREFIX,
+    ENCODER_META_KEY,
+    MODULE_META_KEY,
+    check_checkpoint,
+    encoder_metadata,
+    module_record,
 )
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
@@ -61,7 +68,7 @@ LRInterval = Literal["step", "epoch"]
 #: a classifier's metrics: ``ordinal``, ``nominal`` or ``auto`` (the data module's ``task``)
 Task = Literal["auto", "ordinal", "nominal"]
 
-_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "radam": torch.optim.RAdam,
 }
 
@@ -70,7 +77,8 @@ def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
     """``max |x|`` over all tensors (NaN if any entry is NaN, inf if any is inf; never overflows)."""
     total_norm = getattr(torch.nn.utils, "get_total_norm", None)
     if total_norm is not None:  # torch >= 2.6: one fused (foreach) reduction
-        return total_norm(tensors, norm_type=math.inf)
+        norm: torch.Tensor = total_norm(tensors, norm_type=math.inf)
+        return norm
     return torch.stack([t.detach().abs().max().float() for t in tensors if t.numel()]).max()
 
 
@@ -121,7 +129,7 @@ def lr_factor(
     warms up linearly from that multiplier at step 0 (SupContrast's ``warmup_from`` /
     base lr), reaching the target after ``warmup_steps`` steps.
     """
-    warmup = int(round(warmup_epochs * steps_per_epoch))
+    warmup = round(warmup_epochs * steps_per_epoch)
     spe = max(steps_per_epoch, 1e-12)
     if interval == "epoch":
         epochs = float(max_epochs) if max_epochs and max_epochs > 0 else max(1.0, total_steps / spe)
@@ -235,6 +243,11 @@ class BaseModule(L.LightningModule):
         self.prepare_build()
         self.backbone, self.feature_dim = self.build_backbone()
 
+    @property
+    def hparams(self) -> AttributeDict:
+        """The saved arguments of every constructor in the chain, read as attributes (``self.hparams.lr``)."""
+        return cast(AttributeDict, super().hparams)
+
     # ------------------------------------------------------------------ hooks
     def prepare_build(self) -> None:
         """Set up what :meth:`build_backbone` needs; called by ``BaseModule.__init__`` before it.
@@ -341,7 +354,8 @@ class BaseModule(L.LightningModule):
                     )
                 )
             elif not any(isinstance(cb, (LatestCheckpoint, BestCheckpoint)) for cb in trainer.callbacks):
-                tied = [cb for cb in trainer.checkpoint_callbacks if cb.save_last is True and cb.monitor is not None]
+                configured = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+                tied = [cb for cb in configured if cb.save_last is True and cb.monitor is not None]
                 for cb in tied:
                     cb.save_last = False
                     if trainer.is_global_zero:
@@ -349,10 +363,10 @@ class BaseModule(L.LightningModule):
                             f"ModelCheckpoint(monitor={cb.monitor!r}, save_last=True) would rewrite last.ckpt only "
                             "when the metric improves; a LatestCheckpoint writes it after every epoch instead"
                         )
-                configured_last = any(cb.save_last for cb in trainer.checkpoint_callbacks)
+                configured_last = any(cb.save_last for cb in configured)
                 if not configured_last or tied:
                     dirpath = tied[0].dirpath if tied else None
-                    added.append(LatestCheckpoint(dirpath=dirpath))
+                    added.append(LatestCheckpoint(dirpath=None if dirpath is None else os.fspath(dirpath)))
             if added:
                 # checkpoints run after every other callback (Lightning's own ordering)
                 trainer.callbacks = [*trainer.callbacks, *added]
@@ -490,7 +504,8 @@ class BaseModule(L.LightningModule):
     # ---------------------------------------------------------------- helpers
     def extract_features(self, x: torch.Tensor) -> torch.Tensor:
         """Backbone features ``[B, feature_dim]`` (what linear probes read)."""
-        return self.backbone(x)
+        features: torch.Tensor = self.backbone(x)
+        return features
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """The embedding the method's loss shapes (for plots); default: backbone features."""
@@ -556,7 +571,7 @@ class ClassifierModule(BaseModule):
         ``val/mae`` (ordinal) is built from it.
         """
         if self.task != "auto":
-            return self.task  # type: ignore[return-value]
+            return self.task
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         task = getattr(dm, "task", "ordinal")
         return "nominal" if task == "nominal" else "ordinal"
@@ -570,10 +585,11 @@ class ClassifierModule(BaseModule):
         return "max" if self.resolved_task() == "nominal" else "min"
 
     # ---------------------------------------------------------------- lifecycle
-    def _make_metrics(self, task: Literal["ordinal", "nominal"]) -> None:
+    def _make_metrics(self, task: Literal["ordinal", "nominal"]) -> tuple[MetricCollection, MetricCollection]:
         self.task = task
         self.val_metrics = self.build_metrics(task, "val/")
         self.test_metrics = self.build_metrics(task, "test/")
+        return self.val_metrics, self.test_metrics
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -586,26 +602,25 @@ class ClassifierModule(BaseModule):
                     f"({getattr(dm, 'class_names', [])[:10]}); set --model.init_args.num_classes {n}"
                 )
         if self.val_metrics is None:
-            self._make_metrics(self.resolved_task())
-            self.val_metrics.to(self.device)  # type: ignore[union-attr]
-            self.test_metrics.to(self.device)  # type: ignore[union-attr]
+            for metrics in self._make_metrics(self.resolved_task()):
+                metrics.to(self.device)
 
     # -------------------------------------------------------------------- steps
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class scores (logits) ``[B, num_classes]`` for images ``[B, 3, H, W]``."""
-        return self.head(self.backbone(x))
+        logits: torch.Tensor = self.head(self.backbone(x))
+        return logits
 
     def _eval_step(self, batch: Any, metrics: MetricCollection | None, stage: str) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         logits = self(x)
         loss = F.cross_entropy(logits.float(), y)
         self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=y.shape[0])
-        if metrics is None:
-            self._make_metrics("ordinal" if self.task == "auto" else self.task)  # plain-Python use
-            metrics = self.val_metrics if stage == "val" else self.test_metrics
-            metrics.to(logits.device)  # type: ignore[union-attr]
-        metrics.update(logits.float(), y)  # type: ignore[union-attr]
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=y.shape[0])  # type: ignore[arg-type]
+        if metrics is None:  # plain-Python use (no setup)
+            val, test = self._make_metrics("ordinal" if self.task == "auto" else self.task)
+            metrics = (val if stage == "val" else test).to(logits.device)
+        metrics.update(logits.float(), y)
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=y.shape[0])
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

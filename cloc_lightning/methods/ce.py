@@ -45,7 +45,7 @@ class CEModule(ClassifierModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         logits = self(x)
-        loss = self.criterion(logits.float(), y)
+        loss: torch.Tensor = self.criterion(logits.float(), y)
         acc = (logits.argmax(dim=1) == y).float().mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=y.shape[0])
         self.log("train/acc", acc, batch_size=y.shape[0])

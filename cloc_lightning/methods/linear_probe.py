@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
-from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
 
 __all__ = ["LinearProbeModule"]
 
@@ -92,6 +92,11 @@ class LinearProbeModule(ClassifierModule):
     #: checkpoint key of the validation history (final / best per tracked metric)
     VAL_HISTORY_KEY = "linear_probe_val_history"
 
+    #: the encoder architecture (set by :meth:`prepare_build`; stored as ``hparams.encoder_info``)
+    _encoder_info: dict[str, Any]
+    #: the stage-one encoder weights between :meth:`prepare_build` and their loading in ``__init__``
+    _stage_one: EncoderCheckpoint | None
+
     def __init__(
         self,
         num_classes: int,
@@ -153,14 +158,14 @@ class LinearProbeModule(ClassifierModule):
         """
         h = self.hparams
         overrides = {"backbone": h.backbone, "cifar_stem": h.cifar_stem, "backbone_kwargs": h.backbone_kwargs}
-        self._stage_one: EncoderCheckpoint | None = None
+        self._stage_one = None
         if h.encoder_info is None:
             self._stage_one = load_encoder(h.encoder_ckpt, h.backbone, h.cifar_stem, h.backbone_kwargs)
             info = self._stage_one.info()
         else:
             info = dict(h.encoder_info)
             info.update({k: v for k, v in overrides.items() if v is not None})
-        self._encoder_info: dict[str, Any] = info
+        self._encoder_info = info
         self.hparams["encoder_info"] = info
 
     def build_backbone(self) -> tuple[nn.Module, int]:
@@ -173,7 +178,7 @@ class LinearProbeModule(ClassifierModule):
         return create_backbone(info["backbone"], False, bool(info.get("cifar_stem", False)), **(info.get("backbone_kwargs") or {}))
 
     # ---------------------------------------------------------------- frozen encoder
-    def train(self, mode: bool = True) -> "LinearProbeModule":
+    def train(self, mode: bool = True) -> LinearProbeModule:
         """Switch the classifier's mode; the encoder stays in eval mode (frozen BatchNorm statistics)."""
         super().train(mode)
         self.backbone.eval()
@@ -191,7 +196,8 @@ class LinearProbeModule(ClassifierModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Class scores ``[B, num_classes]``."""
-        return self.head(self.encode(x))
+        logits: torch.Tensor = self.head(self.encode(x))
+        return logits
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
@@ -199,7 +205,7 @@ class LinearProbeModule(ClassifierModule):
         if not bool(keep.all()):
             x, y = x[keep], y[keep]
         if y.numel() == 0:  # an all-unlabelled batch: nothing to learn from
-            return sum(p.sum() for p in self.head.parameters()) * 0.0
+            return torch.stack([p.sum() for p in self.head.parameters()]).sum() * 0.0
         logits = self(x)
         loss = F.cross_entropy(logits.float(), y)
         n = y.shape[0]

@@ -26,13 +26,16 @@ precision, evaluation) and how to run it: ``docs/methods/relic.md``.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
-from typing import Any, ContextManager, Literal, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
+from cloc_lightning.losses.base import Loss
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.base import OptimizerName, SchedulerName
 from cloc_lightning.methods.pretrain import PretrainModule
@@ -232,7 +235,7 @@ class ReLICModule(PretrainModule):
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
 
-    def train(self, mode: bool = True) -> "ReLICModule":
+    def train(self, mode: bool = True) -> ReLICModule:
         """``nn.Module.train``, then the encoders' BatchNorm mode of ``encoder_bn`` (kept in eval with ``'frozen_stats'``)."""
         super().train(mode)
         if mode:
@@ -250,8 +253,8 @@ class ReLICModule(PretrainModule):
         h = self.hparams
         return MLPHead(self.feature_dim, h.projector_hidden_dim, h.projector_dim, batch_norm=True, bias=False)
 
-    def build_loss(self) -> nn.Module:
-        """The criterion: ``forward(x, x_prime, gamma=..., global_step=...) -> (loss, invariance)``, owning ``tau``/``b``."""
+    def build_loss(self) -> Loss:
+        """The criterion: ``compute(x, x_prime, gamma=..., global_step=...) -> LossOutput(loss, terms)``, owning ``tau``/``b``."""
         h = self.hparams
         return SigmoidContrastiveLoss(
             init_tau=h.init_tau,
@@ -297,7 +300,8 @@ class ReLICModule(PretrainModule):
     # ---------------------------------------------------------------- networks
     def online_projection(self, x: torch.Tensor) -> torch.Tensor:
         """Online network output ``[B, projector_dim]`` (not normalised; the loss normalises)."""
-        return self.projector(self.backbone(x))
+        projection: torch.Tensor = self.projector(self.backbone(x))
+        return projection
 
     @torch.no_grad()
     def target_outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -523,10 +527,10 @@ class ReLICModule(PretrainModule):
         no_autocast = torch.autocast(device_type=tensor.device.type, enabled=False)
         if self._trainer is None:
             with no_autocast:
-                tensor.backward()
+                torch.autograd.backward(tensor)
             return
         strategy = self.trainer.strategy
-        ctx: ContextManager[Any] = nullcontext()
+        ctx: AbstractContextManager[Any] = nullcontext()
         if not last and hasattr(strategy, "block_backward_sync"):
             ctx = strategy.block_backward_sync()
         with ctx, no_autocast:
@@ -618,20 +622,21 @@ class ReLICModule(PretrainModule):
         with torch.enable_grad():
             loss, inv = self.multicrop_loss(leaves, full_target, gamma, step)
             with torch.autocast(device_type=device.type, enabled=False):  # see _backward
-                grads = torch.autograd.grad(loss, leaves + crit_params)
+                grads = torch.autograd.grad(loss, [*leaves, *crit_params])
         out_grads, crit_grads = grads[: len(leaves)], grads[len(leaves):]
         after_pass1 = self._rng_state(device)
         for c, sl in enumerate(slices):  # pass 2: re-forward each chunk with a graph; back-propagate its gradient slice
             self._set_rng_state(rng_states[c], device)
-            surrogate = sum(
-                (self.online_projection(view[sl]).float() * out_grads[j][sl]).sum() for j, view in enumerate(views)
-            )
+            surrogate = torch.zeros((), device=device)
+            for j, view in enumerate(views):
+                surrogate = surrogate + (self.online_projection(view[sl]).float() * out_grads[j][sl]).sum()
             last = c == len(slices) - 1
             if last:
-                surrogate = surrogate + sum((p * gp).sum() for p, gp in zip(crit_params, crit_grads))
+                for p, gp in zip(crit_params, crit_grads, strict=True):
+                    surrogate = surrogate + (p * gp).sum()
                 if probe_loss is not None:
                     surrogate = surrogate + probe_loss
-            self._backward(surrogate, last)  # type: ignore[arg-type]
+            self._backward(surrogate, last)
         self._set_rng_state(after_pass1, device)
         return loss.detach(), inv.detach()
 
@@ -646,7 +651,7 @@ class ReLICModule(PretrainModule):
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             for s in scheduler if isinstance(scheduler, list) else [scheduler]:
-                s.step()  # type: ignore[union-attr]
+                cast(LambdaLR, s).step()  # what configure_optimizers builds
         return loss, invariance, probe_logs
 
     # ---------------------------------------------------------------- evaluation

@@ -167,7 +167,8 @@ class SupConModule(PretrainModule):
         of them, as the reference); views of other sizes (multi-crop) separately.
         """
         if len({tuple(v.shape) for v in views}) == 1:
-            return self.backbone(torch.cat(list(views)))
+            features: torch.Tensor = self.backbone(torch.cat(list(views)))
+            return features
         return torch.cat([self.backbone(v) for v in views])
 
     def contrastive_labels(self, y: torch.Tensor) -> torch.Tensor | None:

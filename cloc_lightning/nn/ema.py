@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import nn
@@ -85,10 +86,10 @@ def _state_pairs(online: Sequence[nn.Module], target: Sequence[nn.Module]) -> tu
     """Matching (online, target) tensors: parameters, then buffers, of modules built as deep copies."""
     o_list: list[torch.Tensor] = []
     t_list: list[torch.Tensor] = []
-    for o_mod, t_mod in zip(online, target):
+    for o_mod, t_mod in zip(online, target, strict=True):
         o_state = list(o_mod.parameters()) + list(o_mod.buffers())
         t_state = list(t_mod.parameters()) + list(t_mod.buffers())
-        if len(o_state) != len(t_state) or any(o.shape != t.shape for o, t in zip(o_state, t_state)):
+        if len(o_state) != len(t_state) or any(o.shape != t.shape for o, t in zip(o_state, t_state, strict=True)):
             raise RuntimeError(
                 f"the target copy of {type(o_mod).__name__} no longer matches the online module "
                 "(parameters/buffers added after construction?); rebuild the target with copy_target()"
@@ -109,7 +110,7 @@ def ema_update_(online: Sequence[nn.Module], target: Sequence[nn.Module], beta: 
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
     o_list, t_list = _state_pairs(online, target)
     groups: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    for o, t in zip(o_list, t_list):
+    for o, t in zip(o_list, t_list, strict=True):
         if t.is_floating_point():
             ts, os_ = groups.setdefault((t.dtype, t.device), ([], []))
             ts.append(t)
@@ -185,7 +186,7 @@ class EMATarget:
     @property
     def momentum_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         """``[(online, target), ...]`` in the order they were added."""
-        return list(zip(self.online, self.target))
+        return list(zip(self.online, self.target, strict=True))
 
     def update(self, beta: float) -> None:
         """``target <- beta * target + (1 - beta) * online`` for every pair (:func:`ema_update_`)."""

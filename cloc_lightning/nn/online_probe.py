@@ -22,7 +22,8 @@ skips them in its loss and metrics, and the kNN helpers reject them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -104,7 +105,8 @@ class OnlineLinearProbe(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, num_classes]`` of detached ``features`` ``[B, in_dim]``."""
-        return self.classifier(features.detach().float())
+        logits: torch.Tensor = self.classifier(features.detach().float())
+        return logits
 
     def _check(self, features: torch.Tensor, y: torch.Tensor) -> None:
         if features.ndim != 2 or features.shape[1] != self.in_dim:
@@ -132,7 +134,7 @@ class OnlineLinearProbe(nn.Module):
             logits, y = logits[keep], y[keep]
         prefix = f"train/{self.name}"
         if y.numel() == 0:
-            zero = sum(p.sum() for p in self.classifier.parameters()) * 0.0
+            zero = torch.stack([p.sum() for p in self.classifier.parameters()]).sum() * 0.0
             return zero, {f"{prefix}/loss": zero.detach()}
         loss = F.cross_entropy(logits, y)
         acc = (logits.argmax(dim=1) == y).float().mean()
