@@ -14,7 +14,6 @@ both at the end of ``fit`` (see :class:`LinearProbeModule`).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -47,15 +46,10 @@ class LinearProbeModule(ClassifierModule):
 
     **Final and best.** SupContrast's ``main_linear.py`` reports the best test accuracy
     over the epochs (it validates on the test set: ``val_fraction: 0`` here does the
-    same).  Every validation epoch of a fit also logs the running best,
-    ``val/acc_best`` and ``val/acc_best_epoch`` (and ``val/mae_best`` /
-    ``val/mae_best_epoch`` for ordinal data), next to the epoch's own ``val/acc``; at
-    the end of ``fit`` both are printed -- ``linear probe: val/acc final 0.8712 (epoch
-    99), best 0.8760 (epoch 87)`` -- sent to the loggers as ``val/acc_final`` and
-    ``val/acc_best``, and kept in :attr:`val_summary`.  A ``test`` run in the same
-    process (``test_after_fit``, which tests the best checkpoint) logs them again next
-    to ``test/acc``.  Epochs count from 0, as in the checkpoint names.  The history is
-    saved in checkpoints, so a resumed fit continues it.
+    same).  The module logs both the latest and the best validation values every epoch
+    and prints both at the end of ``fit`` -- ``linear probe: val/acc final 0.8712 (epoch
+    99), best 0.8760 (epoch 87)`` -- as every
+    :class:`~cloc_lightning.methods.base.ClassifierModule` does.
 
     Training labels ``< 0`` (unlabelled images) are skipped.
 
@@ -89,8 +83,9 @@ class LinearProbeModule(ClassifierModule):
 
     #: ``init_from`` never overwrites the frozen encoder
     init_from_exclude = ("backbone.",)
-    #: checkpoint key of the validation history (final / best per tracked metric)
+    #: checkpoint key of the validation history (kept from before the tracking moved to ClassifierModule)
     VAL_HISTORY_KEY = "linear_probe_val_history"
+    summary_name = "linear probe"
 
     #: the encoder architecture (set by :meth:`prepare_build`; stored as ``hparams.encoder_info``)
     _encoder_info: dict[str, Any]
@@ -144,8 +139,6 @@ class LinearProbeModule(ClassifierModule):
         self.normalize_features = normalize_features
         self.backbone.requires_grad_(False)
         self.backbone.eval()
-        #: ``{metric: {"final", "final_epoch", "best", "best_epoch"}}`` of the validation epochs of the fit
-        self.val_summary: dict[str, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ hooks
     def prepare_build(self) -> None:
@@ -213,100 +206,8 @@ class LinearProbeModule(ClassifierModule):
         self.log("train/acc", (logits.argmax(1) == y).float().mean(), batch_size=n)
         return loss
 
-    # ---------------------------------------------------------------- final and best
-    def tracked_metrics(self) -> dict[str, str]:
-        """Validation metrics whose best value is tracked: ``{name: 'max' | 'min'}``.
-
-        Top-1 accuracy (what SupContrast reports) and the checkpoint's monitor (``val/mae``
-        for ordinal data).
-        """
-        tracked = {"val/acc": "max"}
-        tracked.setdefault(self.monitor, self.monitor_mode)
-        return tracked
-
-    def _tracking(self) -> bool:
-        trainer = self._trainer
-        return trainer is not None and not trainer.sanity_checking and trainer.state.fn == "fit"
-
-    def on_validation_epoch_end(self) -> None:
-        """Update the final/best summary with this epoch's values and log the running best."""
-        super().on_validation_epoch_end()
-        if not self._tracking() or self.val_metrics is None:
-            return
-        if not any(m.update_called for m in self.val_metrics.values(copy_state=False)):
-            return
-        values = self.val_metrics.compute()  # the epoch's values (Lightning computes the same, cached, next)
-        epoch = int(self.current_epoch)
-        for name, mode in self.tracked_metrics().items():
-            if name not in values:
-                continue
-            value = float(values[name])
-            entry = self.val_summary.get(name)
-            better = entry is None or not math.isfinite(entry["best"]) or (
-                value > entry["best"] if mode == "max" else value < entry["best"]
-            )
-            if entry is None:
-                entry = self.val_summary[name] = {}
-            entry["final"], entry["final_epoch"] = value, float(epoch)
-            if better:
-                entry["best"], entry["best_epoch"] = value, float(epoch)
-            # the same value on every rank (computed from synced metrics); sync_dist keeps Lightning quiet under DDP
-            self.log(f"{name}_best", entry["best"], on_epoch=True, sync_dist=True)
-            self.log(f"{name}_best_epoch", entry["best_epoch"], on_epoch=True, sync_dist=True)
-
-    def summary_line(self) -> str:
-        """``linear probe: val/acc final 0.8712 (epoch 99), best 0.8760 (epoch 87)`` (empty before any validation)."""
-        parts = [
-            f"{name} final {e['final']:.4f} (epoch {int(e['final_epoch'])}), best {e['best']:.4f} (epoch {int(e['best_epoch'])})"
-            for name, e in self.val_summary.items()
-        ]
-        if not parts:
-            return ""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        note = " [validation set = the test split: data.val_fraction 0]" if getattr(dm, "val_fraction", None) == 0 else ""
-        return "linear probe: " + "; ".join(parts) + note
-
-    def on_fit_end(self) -> None:
-        """Print the final and best validation values and send them to the loggers (``<name>_final`` / ``_best``)."""
-        super().on_fit_end()
-        if not self.val_summary:
-            return
-        if self.trainer.is_global_zero:
-            print(self.summary_line(), flush=True)
-        metrics: dict[str, float] = {}
-        for name, e in self.val_summary.items():
-            metrics.update({f"{name}_final": e["final"], f"{name}_best": e["best"], f"{name}_best_epoch": e["best_epoch"]})
-        if self.trainer.is_global_zero:
-            for logger in self.loggers:
-                logger.log_metrics(metrics, step=self.global_step)
-                logger.save()
-
-    def on_test_epoch_end(self) -> None:
-        """Log the fit's final and best validation values next to the test metrics (when this process ran the fit)."""
-        super().on_test_epoch_end()
-        for name, e in self.val_summary.items():
-            self.log(f"{name}_final", e["final"], sync_dist=True)
-            self.log(f"{name}_best", e["best"], sync_dist=True)
-
     def encoder_metadata(self) -> dict[str, Any]:
         """The stage-one encoder's architecture, so this checkpoint can itself be probed (``cloc-lightning probe``)."""
         meta = super().encoder_metadata()
         meta.update({k: self._encoder_info.get(k) for k in ("backbone", "cifar_stem", "backbone_kwargs")})
         return meta
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the validation history (final / best) next to the base class's entries."""
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[self.VAL_HISTORY_KEY] = {k: dict(v) for k, v in self.val_summary.items()}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the validation history when resuming a fit (or when this process has none).
-
-        ``test_after_fit`` loads the best checkpoint into the module that just trained: its
-        history (with the true final epoch) is kept then.
-        """
-        super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(self.VAL_HISTORY_KEY)
-        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
-        if isinstance(saved, dict) and (fitting or not self.val_summary):
-            self.val_summary = {k: {kk: float(vv) for kk, vv in v.items()} for k, v in saved.items()}
