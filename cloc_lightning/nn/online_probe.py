@@ -389,6 +389,10 @@ class OnlineEvaluator:
             )
         return self.probe
 
+    def __repr__(self) -> str:
+        probe = f"{self.num_classes} classes, {self.task}" if self.probe is not None else ("pending" if self.enabled else "off")
+        return f"{type(self).__name__}(probe={probe}, lr={self.lr}, knn_k={self.knn_k}, knn_bank_size={self.knn_bank_size})"
+
     # ------------------------------------------------------------------ kNN monitor
     def reset(self) -> None:
         """Forget the kNN bank (its features belong to the weights they were computed with)."""
