@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,6 +45,7 @@ __all__ = [
     "load_encoder",
     "load_encoder_weights",
     "build_encoder",
+    "read_checkpoint",
 ]
 
 #: checkpoint entry written by :func:`module_record`
@@ -115,13 +117,12 @@ def checkpoint_mismatch(module_cls: type, module_hparams: Mapping[str, Any], che
     own_path = _class_path(module_cls)
     own_lineage = _lineage(module_cls)
     theirs = meta.get("class_path")
-    if theirs and theirs not in own_lineage and own_path not in (meta.get("lineage") or [theirs]):
-        # the same class re-exported under another module path still matches by name
-        if _short(theirs) != _short(own_path):
-            return (
-                f"the checkpoint was written by {_short(theirs)} ({theirs}), but the configured model is "
-                f"{_short(own_path)} ({own_path})"
-            )
+    # (the same class re-exported under another module path still matches by name)
+    if theirs and theirs not in own_lineage and own_path not in (meta.get("lineage") or [theirs]) and _short(theirs) != _short(own_path):
+        return (
+            f"the checkpoint was written by {_short(theirs)} ({theirs}), but the configured model is "
+            f"{_short(own_path)} ({own_path})"
+        )
     own_arch, their_arch = _arch(module_hparams), {k: meta.get(k) for k in _ARCH_KEYS}
     their_arch["cifar_stem"] = bool(their_arch["cifar_stem"])
     their_arch["backbone_kwargs"] = dict(their_arch["backbone_kwargs"] or {})
@@ -207,16 +208,30 @@ def _import_class(path: str | None) -> type | None:
     return obj if isinstance(obj, type) else None
 
 
-def _read_checkpoint(path: str) -> dict[str, Any]:
+def read_checkpoint(
+    path: str,
+    *,
+    mmap: bool = False,
+    what: str = "encoder checkpoint",
+    hint: str = "give the .ckpt of a stage-one run (e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt)",
+) -> dict[str, Any]:
+    """Load a checkpoint (or ``state_dict``) file onto the CPU; clear errors for a missing or unreadable file.
+
+    ``mmap=True`` memory-maps the tensors (for reading metadata without loading the weights;
+    a legacy non-zip file falls back to a normal load).  ``what`` names the file in messages,
+    ``hint`` says what to give instead of a missing file.
+    """
     full = os.path.expanduser(str(path))
     if not os.path.isfile(full):
-        raise FileNotFoundError(
-            f"encoder checkpoint {str(path)!r} does not exist; give the .ckpt of a stage-one run "
-            "(e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt)"
-        )
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist; {hint}")
     try:
-        ckpt = torch.load(full, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+        try:
+            ckpt = torch.load(full, map_location="cpu", weights_only=False, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            ckpt = torch.load(full, map_location="cpu", weights_only=False)  # a legacy (non-zip) file cannot be memory-mapped
+    except Exception as e:
         raise ValueError(f"cannot read {str(path)!r} as a PyTorch checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(ckpt, dict):
         raise ValueError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict or state_dict")
@@ -282,7 +297,7 @@ def load_encoder(
         FileNotFoundError: ``path`` does not exist.
         ValueError: not a checkpoint, no encoder in it, or no architecture known.
     """
-    enc = encoder_state_dict(_read_checkpoint(path), source=repr(str(path)))
+    enc = encoder_state_dict(read_checkpoint(path), source=repr(str(path)))
     if backbone is not None:
         enc.backbone = backbone
     if cifar_stem is not None:

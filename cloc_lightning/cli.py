@@ -25,16 +25,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
 import cloc_lightning.data  # registers the data modules (also imported for BaseDataModule below)
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning.callbacks import PredictionWriter
+from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.commands import COMMANDS
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods.base import BaseModule
+from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
 
 __all__ = ["CLOCLightningCLI", "main", "EXTRA_COMMANDS", "find_last_checkpoint"]
 
@@ -114,7 +115,7 @@ class CLOCLightningCLI(LightningCLI):
             version = _version_folder_of(self.trainer, path)
             if version is not None:
                 _pin_logger_version(self.trainer, version)
-            info = _checkpoint_position(path)
+            info = checkpoint_position(path)
             folder = f"its run folder {version}" if version else "a new run folder (the checkpoint is not in this logger's folders)"
             _print0(self.trainer, f"--ckpt_path {given}: resuming from {path} ({info}); logging into {folder}")
         _pin_logger_version(self.trainer, None)  # fix the folder now: ddp_spawn workers and the main process agree
@@ -162,33 +163,6 @@ def _print0(trainer: Any, message: str) -> None:
     """Print on global rank 0 only (no collective)."""
     if trainer.is_global_zero:
         print(message, flush=True)
-
-
-def _read_checkpoint(path: str) -> dict[str, Any]:
-    """A checkpoint's metadata without reading its tensors into memory (memory-mapped; Lightning loads it again)."""
-    ckpt: dict[str, Any]
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    return ckpt
-
-
-def _checkpoint_position(path: str) -> str:
-    """Where a checkpoint stands: ``after epoch E, global step S`` (an epoch's end) or ``epoch E after batch B``."""
-    ckpt = _read_checkpoint(path)
-    epoch, step = ckpt.get("epoch"), ckpt.get("global_step")
-    try:
-        loop = ckpt["loops"]["fit_loop"]
-        batches = int(loop["epoch_loop.batch_progress"]["current"]["completed"])
-        finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
-            loop["epoch_progress"]["current"]["processed"]
-        ) > int(epoch or 0)
-    except (KeyError, TypeError, ValueError):
-        return f"epoch {epoch}, global step {step}"
-    if finished:
-        return f"after epoch {epoch}, global step {step}; training continues with epoch {int(epoch or 0) + 1}"
-    return f"epoch {epoch} after batch {batches}, global step {step}; training continues with batch {batches + 1}"
 
 
 def _version_folder_of(trainer: Any, ckpt_path: str) -> str | None:
@@ -290,7 +264,7 @@ def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
         return  # jsonargparse has already reported unknown classes
     init_args = model_cfg.get("init_args")
     hparams = dict(init_args.as_dict() if hasattr(init_args, "as_dict") else (init_args or {}))
-    ckpt = _read_checkpoint(ckpt_path)
+    ckpt = read_checkpoint(ckpt_path, mmap=True, what="--ckpt_path", hint="give an existing .ckpt file, or --ckpt_path last")
     why = checkpoint_mismatch(cls, hparams, ckpt)
     if why is not None:
         raise CheckpointMismatchError(
@@ -298,36 +272,6 @@ def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
             "in its run folder), pass a checkpoint of the configured model, or take its matching weights with "
             "--model.init_args.init_from <ckpt> instead."
         )
-
-
-def find_last_checkpoint(trainer: Any) -> str | None:
-    """The most recently written ``last*.ckpt`` of this run, in any of its logger versions.
-
-    Lightning resolves ``ckpt_path="last"`` in the checkpoint folder of the *current*
-    logger version only, and a new process starts a new version (``version_1``), so the
-    previous run's ``last.ckpt`` would be missed and training would silently restart.
-    Searched: the ``dirpath`` of configured ``ModelCheckpoint`` callbacks,
-    ``<save_dir>/<name>/*/checkpoints`` of the first logger, and
-    ``<default_root_dir>/checkpoints`` (no logger).
-    """
-    import glob
-
-    folders: list[str] = []
-    for cb in getattr(trainer, "checkpoint_callbacks", []):
-        if getattr(cb, "dirpath", None):
-            folders.append(str(cb.dirpath))
-    loggers = getattr(trainer, "loggers", [])
-    if loggers:
-        logger = loggers[0]
-        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
-        name = logger.name if logger.name is not None else ""
-        folders.extend(glob.glob(os.path.join(glob.escape(str(save_dir)), glob.escape(str(name)), "*", "checkpoints")))
-    else:
-        folders.append(os.path.join(trainer.default_root_dir, "checkpoints"))
-    candidates = [
-        f for d in folders for f in glob.glob(os.path.join(glob.escape(d), "last*.ckpt")) if os.path.isfile(f)
-    ]
-    return max(candidates, key=os.path.getmtime) if candidates else None
 
 
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback

@@ -32,6 +32,8 @@ transforms do) for this to hold.
 from __future__ import annotations
 
 import contextlib
+import glob
+import os
 import random
 import warnings
 from collections.abc import Iterator
@@ -43,6 +45,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, RandomSampler
 
+from cloc_lightning.checkpoints import read_checkpoint
+
 __all__ = [
     "epoch_seed",
     "sample_seed",
@@ -52,6 +56,8 @@ __all__ = [
     "collect_rng_states",
     "set_rng_states",
     "ResumeState",
+    "find_last_checkpoint",
+    "checkpoint_position",
 ]
 
 
@@ -268,3 +274,49 @@ class ResumeState(Callback):
                 loader.load_state_dict(state)  # idempotent if Lightning has already done it
         if pending.get("rng") is not None:
             set_rng_states(pending["rng"])
+
+
+# ------------------------------------------------------------ which checkpoint
+def find_last_checkpoint(trainer: Any) -> str | None:
+    """The most recently written ``last*.ckpt`` of this run, in any of its logger versions.
+
+    Lightning resolves ``ckpt_path="last"`` in the checkpoint folder of the *current*
+    logger version only, and a new process starts a new version (``version_1``), so the
+    previous run's ``last.ckpt`` would be missed and training would silently restart.
+    Searched: the ``dirpath`` of configured ``ModelCheckpoint`` callbacks,
+    ``<save_dir>/<name>/*/checkpoints`` of the first logger, and
+    ``<default_root_dir>/checkpoints`` (no logger).
+    """
+    folders: list[str] = []
+    for cb in getattr(trainer, "checkpoint_callbacks", []):
+        if getattr(cb, "dirpath", None):
+            folders.append(str(cb.dirpath))
+    loggers = getattr(trainer, "loggers", [])
+    if loggers:
+        logger = loggers[0]
+        save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+        name = logger.name if logger.name is not None else ""
+        folders.extend(glob.glob(os.path.join(glob.escape(str(save_dir)), glob.escape(str(name)), "*", "checkpoints")))
+    else:
+        folders.append(os.path.join(trainer.default_root_dir, "checkpoints"))
+    candidates = [
+        f for d in folders for f in glob.glob(os.path.join(glob.escape(d), "last*.ckpt")) if os.path.isfile(f)
+    ]
+    return max(candidates, key=os.path.getmtime) if candidates else None
+
+
+def checkpoint_position(path: str) -> str:
+    """Where a checkpoint stands: ``after epoch E, global step S`` (an epoch's end) or ``epoch E after batch B``."""
+    ckpt = read_checkpoint(path, mmap=True, what="checkpoint", hint="give an existing .ckpt file")
+    epoch, step = ckpt.get("epoch"), ckpt.get("global_step")
+    try:
+        loop = ckpt["loops"]["fit_loop"]
+        batches = int(loop["epoch_loop.batch_progress"]["current"]["completed"])
+        finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
+            loop["epoch_progress"]["current"]["processed"]
+        ) > int(epoch or 0)
+    except (KeyError, TypeError, ValueError):
+        return f"epoch {epoch}, global step {step}"
+    if finished:
+        return f"after epoch {epoch}, global step {step}; training continues with epoch {int(epoch or 0) + 1}"
+    return f"epoch {epoch} after batch {batches}, global step {step}; training continues with batch {batches + 1}"
