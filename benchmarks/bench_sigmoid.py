@@ -10,7 +10,7 @@ seed's defaults); ``x``, ``x'``, ``tau`` and ``b`` all require gradients.
   features (ours normalises inside, so the normalisation is part of every step),
   ``logit_scale = clamp(exp(tau), 0, max_tau)`` and ``logit_bias = b``: the same loss as ours at
   ``gamma = alpha = 0``;
-* ``scl_loss`` -- :mod:`benchmarks.reference.scl_reference`, a reimplementation of the seed's
+* ``scl_loss`` -- :func:`benchmarks.reference.sigmoid.scl_reference`, a reimplementation of the seed's
   op-by-op computation, at ``gamma = 1, alpha = 1``.
 
 All four are timed interleaved in one process (``harness.time_interleaved``), once with 1
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
-from benchmarks.reference.scl_reference import scl_reference
+from benchmarks.reference.sigmoid import scl_reference
 from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 
 BATCH = 2048

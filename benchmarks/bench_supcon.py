@@ -10,7 +10,7 @@ also SupContrast's and our default 0.07 -- so all values must agree):
 * ``ours (tiled)``  -- the same loss with row blocks of ``TILE`` anchors;
 * ``PML``           -- ``pytorch_metric_learning.losses.SupConLoss`` (the real package) fed the
   ``[2N, dim]`` embeddings and the repeated labels;
-* ``SupContrast-style`` -- :mod:`benchmarks.reference.supcon_reference`, a reimplementation
+* ``SupContrast-style`` -- :func:`benchmarks.reference.supcon.supcontrast_reference`, a reimplementation
   of the authors' dense computation.
 
 Timings are interleaved medians in one process (``harness.time_interleaved``); peak
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
-from benchmarks.reference.supcon_reference import supcon_reference
+from benchmarks.reference.supcon import supcontrast_reference
 from cloc_lightning.losses.supcon import AUTO_DENSE_MAX_ELEMENTS, AUTO_TILE_ELEMENTS, supcon_loss
 
 TEMPERATURE = 0.07
@@ -62,7 +62,7 @@ def _loss_fn(impl: str, tile: int = TILE) -> Callable[[torch.Tensor, torch.Tenso
     if impl == "ours_auto":
         return lambda f, y: supcon_loss(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE, tile_size="auto")
     if impl == "supcontrast":
-        return lambda f, y: supcon_reference(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE)
+        return lambda f, y: supcontrast_reference(f, y, temperature=TEMPERATURE, base_temperature=TEMPERATURE)
     if impl == "pml":
         from pytorch_metric_learning.losses import SupConLoss as PMLSupConLoss
 

@@ -1,4 +1,4 @@
-"""Fault injection for ``tests/test_reliability.py`` (importable by ``class_path`` from a CLI subprocess)."""
+"""Fault injection for the reliability tests (``tests/*/test_reliability_*.py``) (importable by ``class_path`` from a CLI subprocess)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoint callbacks and checks, in process (the CLI paths are in ``tests/test_e2e.py``).
+"""Checkpoint callbacks and checks, in process (the CLI paths are in ``tests/e2e/test_e2e.py``).
 
 * ``last.ckpt`` is the last epoch even when validation never improves after epoch 0
   (Lightning's ``ModelCheckpoint(monitor, save_last=True)`` rewrites it only on improvement).

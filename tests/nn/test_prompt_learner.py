@@ -18,6 +18,7 @@ from torch import nn
 open_clip = pytest.importorskip("open_clip")
 from open_clip.model import CLIPTextCfg, CLIPVisionCfg  # noqa: E402
 
+from benchmarks.reference.ordinal_clip import interpolation_weights_formula, ordinal_clip_loss_reference  # noqa: E402
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss  # noqa: E402
 from cloc_lightning.nn import clip as clip_mod  # noqa: E402
 from cloc_lightning.nn.clip import PretrainedUnavailableError, load_clip  # noqa: E402
@@ -69,25 +70,6 @@ def token_table(model: nn.Module) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def formula_weights(R: int, B: int, kind: str) -> np.ndarray:
-    """Issue 6 / reference formula written out with plain Python floats."""
-    pos = [(R - 1) / 2.0] if B == 1 else [b * (R - 1) / (B - 1) for b in range(B)]
-    out = np.zeros((R, B))
-    for r in range(R):
-        row = []
-        for b in range(B):
-            d = abs(r - pos[b])
-            if kind == "linear":
-                row.append(1.0 - d / (R - 1))
-            elif kind == "inv_prop":
-                row.append(1.0 / (d + 1e-5))
-            else:
-                row.append(math.exp(-d * d))
-        s = sum(row)
-        out[r] = [v / s for v in row]
-    return out
-
-
 _GRID = [(2, 1), (2, 2), (5, 1), (5, 2), (7, 3), (6, 6), (10, 10), (100, 3), (100, 1)]
 
 
@@ -99,7 +81,7 @@ _GRID = [(2, 1), (2, 2), (5, 1), (5, 2), (7, 3), (6, 6), (10, 10), (100, 3), (10
 def test_interpolation_weights_match_formula(kind, R, B):
     w = rank_interpolation_weights(R, B, kind)
     assert w.shape == (R, B) and w.dtype == torch.float32
-    np.testing.assert_allclose(w.double().numpy(), formula_weights(R, B, kind), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(w.double().numpy(), interpolation_weights_formula(R, B, kind), rtol=1e-6, atol=1e-7)
     assert torch.all(w >= 0)
     np.testing.assert_allclose(w.double().sum(1).numpy(), np.ones(R), rtol=0, atol=1e-6)
     if B == 1:
@@ -175,7 +157,7 @@ def test_text_encoder_frozen_and_not_trainable(tiny_clip, tok):
 def expected_prompt(pl: RankPromptLearner, table: torch.Tensor, tok, length: int) -> torch.Tensor:
     """The prompt built by hand from the learner's parameters and the CLIP token table."""
     R, N, T = pl.num_ranks, pl.num_context_tokens, pl.num_tokens_per_rank
-    w = torch.tensor(formula_weights(R, pl.num_base_ranks, pl.interpolation), dtype=torch.float64)
+    w = torch.tensor(interpolation_weights_formula(R, pl.num_base_ranks, pl.interpolation), dtype=torch.float64)
     base = pl.base_rank_embeds.detach().double()
     period = tok.encode(".")[0]
     rows = []
@@ -212,7 +194,7 @@ def test_prompt_assembly_positions(tiny_clip, tok, position, rank_specific, kind
     assert got.shape == (R, CTX_LEN, 32)
     torch.testing.assert_close(got.double(), expected_prompt(pl, table, tok, CTX_LEN), rtol=1e-6, atol=1e-7)
     # interpolation buffer = formula
-    np.testing.assert_allclose(pl.interpolation_weights.double().numpy(), formula_weights(R, B, kind), rtol=1e-6)
+    np.testing.assert_allclose(pl.interpolation_weights.double().numpy(), interpolation_weights_formula(R, B, kind), rtol=1e-6)
 
     # what the transformer receives: prompt + positional embedding, truncated after the EOT
     seen = {}
@@ -359,31 +341,6 @@ def test_prompt_learner_rejects_non_clip(tok):
 # --------------------------------------------------------------------------------------------
 
 
-def numpy_reference(logits: np.ndarray, labels: np.ndarray, ce_w: float, kl_w: float, s: float):
-    """Loop implementation of the reference CE + KL (runner.compute_kl_loss) and its gradient."""
-    N, R = logits.shape
-    ce, g_ce = 0.0, np.zeros_like(logits)
-    for i in range(N):
-        m = logits[i].max()
-        lse = m + math.log(sum(math.exp(v - m) for v in logits[i]))
-        ce += -(logits[i, labels[i]] - lse) / N
-        for r in range(R):
-            g_ce[i, r] = (math.exp(logits[i, r] - lse) - (labels[i] == r)) / N
-    present = [r for r in range(R) if (labels == r).any()]
-    kl, g_kl = 0.0, np.zeros_like(logits)
-    for r in present:
-        e = [math.exp(s * (labels[i] == r)) for i in range(N)]
-        q = [v / sum(e) for v in e]
-        col = logits[:, r]
-        m = col.max()
-        lse = m + math.log(sum(math.exp(v - m) for v in col))
-        logp = [col[i] - lse for i in range(N)]
-        kl += sum(q[i] * (math.log(q[i]) - logp[i]) for i in range(N)) / len(present)
-        for i in range(N):
-            g_kl[i, r] = (math.exp(logp[i]) - q[i]) / len(present)
-    return ce_w * ce + kl_w * kl, ce, kl, ce_w * g_ce + kl_w * g_kl
-
-
 @pytest.mark.parametrize("N", [1, 2, 7, 32])
 @pytest.mark.parametrize("R", [2, 5, 17])
 @pytest.mark.parametrize("weights", [(1.0, 1.0), (1.0, 0.0), (0.3, 2.0)])
@@ -396,7 +353,7 @@ def test_loss_matches_numpy_reference(N, R, weights, sharpness):
         labels[:4] = labels[0]  # repeated ranks
     total, parts = OrdinalCLIPLoss(*weights, target_sharpness=sharpness).compute(logits, labels)
     total.backward()
-    ref_total, ref_ce, ref_kl, ref_grad = numpy_reference(logits.detach().numpy(), labels.numpy(), *weights, sharpness)
+    ref_total, ref_ce, ref_kl, ref_grad = ordinal_clip_loss_reference(logits.detach().numpy(), labels.numpy(), *weights, sharpness)
     assert total.dtype == torch.float32
     np.testing.assert_allclose(total.item(), ref_total, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(parts["ce"].item(), ref_ce, rtol=2e-5, atol=2e-5)
@@ -408,14 +365,14 @@ def test_numpy_reference_gradient_is_the_derivative():
     """The analytic gradient of the NumPy reference agrees with central differences of its value."""
     rng = np.random.default_rng(0)
     logits, labels = rng.normal(size=(6, 4)) * 2, np.array([0, 0, 2, 3, 3, 3])
-    _, _, _, grad = numpy_reference(logits, labels, 0.7, 1.3, 10.0)
+    _, _, _, grad = ordinal_clip_loss_reference(logits, labels, 0.7, 1.3, 10.0)
     num = np.zeros_like(logits)
     for i in range(6):
         for r in range(4):
             e = np.zeros_like(logits)
             e[i, r] = 1e-6
-            num[i, r] = (numpy_reference(logits + e, labels, 0.7, 1.3, 10.0)[0]
-                         - numpy_reference(logits - e, labels, 0.7, 1.3, 10.0)[0]) / 2e-6
+            num[i, r] = (ordinal_clip_loss_reference(logits + e, labels, 0.7, 1.3, 10.0)[0]
+                         - ordinal_clip_loss_reference(logits - e, labels, 0.7, 1.3, 10.0)[0]) / 2e-6
     np.testing.assert_allclose(grad, num, rtol=1e-5, atol=1e-8)
 
 
@@ -427,7 +384,7 @@ def test_loss_bf16_stays_finite_and_float32():
     assert total.dtype == torch.float32 and torch.isfinite(total)
     total.backward()
     assert torch.isfinite(logits.grad.float()).all()
-    ref_total = numpy_reference(logits.detach().double().numpy(), labels.numpy(), 1.0, 1.0, 10.0)[0]
+    ref_total = ordinal_clip_loss_reference(logits.detach().double().numpy(), labels.numpy(), 1.0, 1.0, 10.0)[0]
     np.testing.assert_allclose(total.item(), ref_total, rtol=1e-4)
 
 

@@ -17,35 +17,9 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.reference.schedules import supcontrast_lrs
 from cloc_lightning.methods.base import lr_factor
 from cloc_lightning.nn.backbones import create_backbone
-
-
-def supcontrast_lrs(
-    lr: float, epochs: int, n_batches: int, cosine: bool, warm: bool, decay_epochs=(700, 800, 900), rate=0.1
-) -> list[float]:
-    """The learning rate of every optimiser step of SupContrast's ``main_supcon.py`` loop."""
-    warm_epochs, warmup_from = 10, 0.01
-    eta_min = lr * rate**3
-    if cosine:
-        warmup_to = eta_min + (lr - eta_min) * (1 + math.cos(math.pi * warm_epochs / epochs)) / 2
-    else:
-        warmup_to = lr
-    out = []
-    for epoch in range(1, epochs + 1):
-        if cosine:
-            current = eta_min + (lr - eta_min) * (1 + math.cos(math.pi * epoch / epochs)) / 2
-        else:
-            n = sum(1 for d in decay_epochs if epoch > d)
-            current = lr * rate**n if n > 0 else lr
-        for batch_id in range(n_batches):
-            if warm and epoch <= warm_epochs:
-                p = (batch_id + (epoch - 1) * n_batches) / (warm_epochs * n_batches)
-                current_step = warmup_from + p * (warmup_to - warmup_from)
-            else:
-                current_step = current
-            out.append(current_step)
-    return out
 
 
 @pytest.mark.parametrize("lr", [0.05, 0.5])
@@ -85,8 +59,8 @@ def test_default_step_interval_differs_from_supcontrast() -> None:
 
 def _lrs_from_trainer(tmp_path, **hparams) -> list[float]:
     """Learning rates the optimiser really used, step by step, in a Lightning fit."""
-    from cloc_lightning.methods.ce import CEModule
     from cloc_lightning.data import OrdinalShapesDataModule
+    from cloc_lightning.methods.ce import CEModule
 
     class Recorder(L.Callback):
         def __init__(self) -> None:

@@ -15,9 +15,8 @@ from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 from cloc_lightning.methods import LinearProbeModule, ReLICModule
 from cloc_lightning.methods.relic import cosine_beta, cosine_gamma
 from cloc_lightning.probe import ENCODER_META_KEY
-from tests.conftest import TINY_BACKBONE, run_cli
+from tests.conftest import REPO, TINY_BACKBONE, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
 QUIET = dict(online_probe=False, knn_k=0)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*self.trainer.*reference is not registered:UserWarning")

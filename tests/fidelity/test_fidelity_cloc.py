@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from cloc_lightning.methods.cloc import CLOCModule
+from tests.conftest import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs" / "cloc").glob("*.yaml") if "phase2" not in p.name)
 
 

@@ -19,8 +19,8 @@ from cloc_lightning.data import (
     DataConfigError,
     STL10DataModule,
     SupConViews,
+    torchvision_sets,
 )
-from cloc_lightning.data import torchvision_sets
 from cloc_lightning.methods import SupConModule
 from cloc_lightning.probe import extract_features, labelled_loader
 from tests.conftest import TINY_BACKBONE

@@ -8,7 +8,7 @@ softmax``, self excluded), ``util.py`` + ``main_supcon.py`` / ``main_ce.py`` /
 CIFAR-10 commands.  They share no code with the library; the schedule reference is a
 loop over the seed's epochs and batches, the loss reference a loop over anchors in
 float64.  The shared schedule and initialisation themselves are tested in
-``tests/test_fidelity_schedule.py``.
+``tests/fidelity/test_fidelity_schedule.py``.
 """
 
 from __future__ import annotations
@@ -30,45 +30,19 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
+from benchmarks.reference.schedules import supcontrast_lrs  # the seed's per-step learning rates
+from benchmarks.reference.supcon import supcon_loop_reference  # the seed's SupConLoss (SupContrast, PR #142)
 from cloc_lightning.data import CIFAR10DataModule, ImageFolderDataModule, OrdinalShapesDataModule
 from cloc_lightning.data.base import DataConfigError
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
-from tests.conftest import TINY_BACKBONE
-from tests.test_fidelity_schedule import supcontrast_lrs  # the seed's per-step learning rates (one reference)
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO, TINY_BACKBONE
 
 
 # =============================================================================================
 # 1. the loss: base_temperature 0.07 as the seed
 # =============================================================================================
-def seed_supcon_loss(
-    features: np.ndarray, labels: np.ndarray | None, temperature: float = 0.07, base_temperature: float = 0.07,
-    contrast_mode: str = "all",
-) -> float:
-    """The seed's ``SupConLoss`` value: anchors (view-major), log-softmax over all other views, mean over positives.
-
-    Positives: same label (or, without labels, the same image); anchors without positives give 0
-    and count in the mean (PR #142); the result is scaled by ``temperature / base_temperature``.
-    """
-    b, v, _ = features.shape
-    entries = [(view, i) for view in range(v) for i in range(b)]
-    anchors = entries if contrast_mode == "all" else [(0, i) for i in range(b)]
-    ident = labels if labels is not None else np.arange(b)
-    per_anchor = []
-    for va, ia in anchors:
-        za = features[ia, va]
-        others = [(vk, k) for (vk, k) in entries if (vk, k) != (va, ia)]
-        logits = np.array([za @ features[k, vk] / temperature for (vk, k) in others])
-        log_norm = np.log(np.sum(np.exp(logits - logits.max()))) + logits.max()
-        log_prob = [logit - log_norm for logit, (vk, k) in zip(logits, others) if ident[k] == ident[ia]]
-        mean_pos = float(np.mean(log_prob)) if log_prob else 0.0
-        per_anchor.append(-(temperature / base_temperature) * mean_pos)
-    return float(np.mean(per_anchor))
-
-
 def _feats(b: int = 8, v: int = 2, d: int = 16, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return F.normalize(torch.randn(b, v, d, generator=g, dtype=torch.float64), dim=-1)
@@ -83,17 +57,17 @@ def test_loss_defaults_are_the_seeds(temperature: float, method: str) -> None:
     """``SupConLoss(temperature=T)`` (and ``supcon_loss``) = the seed's ``SupConLoss(temperature=T)``: T_b = 0.07."""
     f = _feats()
     y = LABELS if method == "supcon" else None
-    ref = seed_supcon_loss(f.numpy(), None if y is None else y.numpy(), temperature)
+    ref = float(supcon_loop_reference(f, y, temperature=temperature))
     assert float(SupConLoss(temperature=temperature)(f, y)) == pytest.approx(ref, rel=1e-10)
     assert float(supcon_loss(f, y, temperature=temperature)) == pytest.approx(ref, rel=1e-10)
     assert float(SupConLoss(temperature, "one")(f, y)) == pytest.approx(
-        seed_supcon_loss(f.numpy(), None if y is None else y.numpy(), temperature, contrast_mode="one"), rel=1e-10
+        float(supcon_loop_reference(f, y, temperature=temperature, contrast_mode="one")), rel=1e-10
     )
 
 
 def test_loss_without_arguments_is_the_seeds_default() -> None:
     f = _feats(seed=1)
-    assert float(SupConLoss()(f, LABELS)) == pytest.approx(seed_supcon_loss(f.numpy(), LABELS.numpy()), rel=1e-10)
+    assert float(SupConLoss()(f, LABELS)) == pytest.approx(float(supcon_loop_reference(f, LABELS)), rel=1e-10)
     assert SupConLoss().base_temperature == 0.07
 
 
@@ -101,7 +75,7 @@ def test_loss_without_arguments_is_the_seeds_default() -> None:
 def test_tied_base_temperature_is_the_explicit_unscaled_choice(temperature: float, factor: float) -> None:
     """``base_temperature=None`` ties T_b to T (the plain loss); the default is T / 0.07 times it (1.43x, 7.1x)."""
     f = _feats(seed=2)
-    plain = seed_supcon_loss(f.numpy(), LABELS.numpy(), temperature, base_temperature=temperature)
+    plain = float(supcon_loop_reference(f, LABELS, temperature=temperature, base_temperature=temperature))
     tied = SupConLoss(temperature, base_temperature=None)
     assert tied.base_temperature is None and "base_temperature=None" in repr(tied)
     assert float(tied(f, LABELS)) == pytest.approx(plain, rel=1e-10)
@@ -115,7 +89,7 @@ def test_supcon_module_uses_the_seeds_loss_scaling(method: str, temperature: flo
     assert m.hparams.base_temperature == 0.07 and m.criterion.base_temperature == 0.07
     f = _feats(seed=3)
     y = LABELS if method == "supcon" else None
-    ref = seed_supcon_loss(f.numpy(), None if y is None else y.numpy(), temperature)
+    ref = float(supcon_loop_reference(f, y, temperature=temperature))
     assert float(m.criterion(f, y)) == pytest.approx(ref, rel=1e-10)
     tied = SupConModule(method=method, backbone=TINY_BACKBONE, online_probe=False, base_temperature=None)
     assert tied.criterion.base_temperature is None  # (also what checkpoints of older versions stored)

@@ -1,11 +1,11 @@
 """CLOC loss (issue 3 "The loss", issue 7 DDP, issue 9 mixed precision / bad input).
 
-Values and gradients are checked against references written here, never against
-the code under test:
+Values and gradients are checked against the independent references of
+:mod:`benchmarks.reference.cloc`, never against the code under test:
 
-* :func:`loop_reference` -- issue 3's formula as a plain triple loop in float64
+* :func:`cloc_loop_reference` -- issue 3's formula as a plain triple loop in float64
   (anchor i, positive j, negative k), differentiated by autograd;
-* :func:`dense_reference` -- the same formula with the (j, k) pairs of one anchor
+* :func:`cloc_dense_reference` -- the same formula with the (j, k) pairs of one anchor
   as a small dense matrix (a loop over anchors), for mid-size batches.
 """
 
@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from benchmarks.reference.cloc import cloc_dense_reference, cloc_loop_reference
+from benchmarks.reference.cloc import softplus_reference as _ref_softplus
 from cloc_lightning import distributed as D
 from cloc_lightning.losses import cloc as cloc_mod
 from cloc_lightning.losses.cloc import (
@@ -39,61 +41,6 @@ def _one_thread() -> Any:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-# ----------------------------------------------------------------------------
-# independent references
-# ----------------------------------------------------------------------------
-def _ref_softplus(t: torch.Tensor) -> torch.Tensor:
-    return torch.log1p(torch.exp(t))
-
-
-def loop_reference(x: torch.Tensor, y: list[int], adjacent: list[torch.Tensor], reduction: str) -> torch.Tensor:
-    """Issue 3: mean_i [ sum_{j in P_i} sum_{k in N_i} relu(s_ik - s_ij + |pos_yi - pos_yk|) / w_i ].
-
-    ``w_i = |P_i| |N_i|^2`` ('official') or ``|P_i| |N_i|`` ('mean'); empty P_i or N_i -> 0.
-    ``adjacent``: the C-1 adjacent margins as 0-d float64 tensors.
-    """
-    n = x.shape[0]
-    unit = [x[i] / torch.sqrt((x[i] * x[i]).sum()) for i in range(n)]
-    pos = [torch.zeros((), dtype=F64)]
-    for m in adjacent:
-        pos.append(pos[-1] + m)
-    total = torch.zeros((), dtype=F64)
-    for i in range(n):
-        positives = [j for j in range(n) if j != i and y[j] == y[i]]
-        negatives = [k for k in range(n) if y[k] != y[i]]
-        if not positives or not negatives:
-            continue
-        sim = {j: (unit[i] * unit[j]).sum() for j in range(n)}
-        acc = torch.zeros((), dtype=F64)
-        for j in positives:
-            for k in negatives:
-                acc = acc + torch.relu(sim[k] - sim[j] + torch.abs(pos[y[i]] - pos[y[k]]))
-        w = len(positives) * len(negatives) ** (2 if reduction == "official" else 1)
-        total = total + acc / w
-    return total / n
-
-
-def dense_reference(x: torch.Tensor, y: torch.Tensor, adjacent: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Same formula, one anchor at a time with its (positive, negative) pairs as a dense matrix."""
-    x = x.to(F64)
-    unit = x / x.norm(dim=1, keepdim=True)
-    sim = unit @ unit.T
-    pos = torch.cat([adjacent.new_zeros(1), torch.cumsum(adjacent.to(F64), 0)])
-    per_anchor = []
-    for i in range(x.shape[0]):
-        p_mask = y == y[i]
-        p_mask[i] = False
-        n_mask = y != y[i]
-        n_p, n_n = int(p_mask.sum()), int(n_mask.sum())
-        if n_p == 0 or n_n == 0:
-            per_anchor.append(sim[i, i] * 0)
-            continue
-        margin = (pos[y[i]] - pos[y[n_mask]]).abs()
-        hinge = torch.relu(sim[i, n_mask][None, :] + margin[None, :] - sim[i, p_mask][:, None])
-        per_anchor.append(hinge.sum() / (n_p * n_n ** (2 if reduction == "official" else 1)))
-    return torch.stack(per_anchor).mean()
 
 
 # ----------------------------------------------------------------------------
@@ -186,7 +133,7 @@ def test_value_and_gradients_match_loop_reference(n_classes: int, kind: str) -> 
 
         xr = x.clone().requires_grad_(True)
         margins, leaf = _ref_margins(crit, kind)
-        ref = loop_reference(xr, y.tolist(), margins, reduction)
+        ref = cloc_loop_reference(xr, y.tolist(), margins, reduction)
         assert torch.isfinite(loss) and loss.dtype == F64
         torch.testing.assert_close(loss.detach(), ref.detach(), rtol=1e-10, atol=1e-12)
         if ref.requires_grad:
@@ -218,7 +165,7 @@ def test_float32_fast_path_matches_loop_reference(kind: str, reduction: str) -> 
         grads = torch.autograd.grad(loss, [xa] + ([raw] if raw is not None else []))
         xr = x.to(F64).requires_grad_(True)
         margins, leaf = _ref_margins(crit, kind)
-        ref = loop_reference(xr, y.tolist(), margins, reduction)
+        ref = cloc_loop_reference(xr, y.tolist(), margins, reduction)
         ref_grads = torch.autograd.grad(ref, [xr] + ([leaf] if leaf is not None else []))
         assert len(grads) == len(ref_grads)
         torch.testing.assert_close(loss.double(), ref.detach(), rtol=2e-6, atol=1e-7)
@@ -243,7 +190,7 @@ def test_mid_size_batches_match_dense_reference(dtype: torch.dtype) -> None:
         gx, gm = torch.autograd.grad(loss, [xa, crit.learnables])
         xr = x.to(F64).requires_grad_(True)
         leaf = crit.learnables.detach().to(F64).requires_grad_(True)
-        ref = dense_reference(xr, y, _ref_softplus(leaf), reduction)
+        ref = cloc_dense_reference(xr, y, _ref_softplus(leaf), reduction)
         rx, rm = torch.autograd.grad(ref, [xr, leaf])
         tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-13)
         torch.testing.assert_close(loss.double(), ref.detach(), **tol)
@@ -260,7 +207,7 @@ def test_row_blocks_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> Non
     xr = x.to(F64).requires_grad_(True)
     leaf = crit.learnables.detach().to(F64).requires_grad_(True)
     adjacent = torch.stack([_ref_softplus(leaf[0]), torch.tensor(0.6, dtype=F64), _ref_softplus(leaf[1])])
-    ref = dense_reference(xr, y, adjacent, "official")
+    ref = cloc_dense_reference(xr, y, adjacent, "official")
     rx, rm = torch.autograd.grad(ref, [xr, leaf])
     monkeypatch.setattr(cloc_mod, "_BLOCK_ELEMENTS", 500)  # about 4 rows per block
     xa = x.clone().requires_grad_(True)

@@ -1,6 +1,6 @@
 """SupConLoss against an independent loop reference of Khosla et al. 2020, eq. 2 (L_out).
 
-The reference below walks anchors, contrast entries and positives one by one in
+The reference (:func:`benchmarks.reference.supcon.supcon_loop_reference`) walks anchors, contrast entries and positives one by one in
 float64 (autograd through the loop gives its gradients); it shares no code with
 ``cloc_lightning.losses.supcon``.  Anchors without positives contribute 0 and the
 mean runs over all anchors (SupContrast PR #142).  As SupContrast's ``losses.py``, the
@@ -16,57 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.reference.supcon import supcon_loop_reference as reference_loss
+from benchmarks.reference.supcon import supcon_loop_reference_per_anchor as reference_per_anchor
 from cloc_lightning import distributed as D
 from cloc_lightning.losses import supcon as supcon_module
 from cloc_lightning.losses.supcon import AUTO_DENSE_MAX_ELEMENTS, AUTO_TILE_ELEMENTS, SupConLoss, _choose_tile, supcon_loss
 from tests._ddp import run_distributed
-
-
-# ----------------------------------------------------------------------------
-# independent reference
-# ----------------------------------------------------------------------------
-def reference_per_anchor(
-    features: torch.Tensor,
-    labels: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
-    temperature: float = 0.07,
-    contrast_mode: str = "all",
-    base_temperature: float | None = 0.07,
-) -> torch.Tensor:
-    """Per-anchor losses, one Python step per anchor / contrast entry / positive."""
-    bsz, n_views, _ = features.shape
-    base = temperature if base_temperature is None else base_temperature
-    entries = [(v, i) for v in range(n_views) for i in range(bsz)]  # view-major, as the paper's 2N batch
-    anchors = entries if contrast_mode == "all" else [(0, i) for i in range(bsz)]
-
-    def weight(i: int, j: int) -> float:
-        if mask is not None:
-            return float(mask[i, j])
-        if labels is not None:
-            return 1.0 if int(labels[i]) == int(labels[j]) else 0.0
-        return 1.0 if i == j else 0.0  # SimCLR: the other views of the same image
-
-    losses = []
-    for va, ia in anchors:
-        za = features[ia, va]
-        others = [(v, j) for (v, j) in entries if (v, j) != (va, ia)]
-        if not others:
-            losses.append(features.new_zeros(()))
-            continue
-        logits = [torch.dot(za, features[j, v]) / temperature for (v, j) in others]
-        log_denominator = torch.logsumexp(torch.stack(logits), dim=0)
-        total, n_pos = features.new_zeros(()), 0.0
-        for (v, j), logit in zip(others, logits):
-            w = weight(ia, j)
-            if w > 0:
-                total = total + w * (logit - log_denominator)
-                n_pos += w
-        losses.append(-(temperature / base) * total / n_pos if n_pos > 0 else features.new_zeros(()))
-    return torch.stack(losses) + 0.0 * features.sum()  # keep the graph connected for .grad
-
-
-def reference_loss(features: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-    return reference_per_anchor(features, *args, **kwargs).mean()  # type: ignore[arg-type]
 
 
 def _features(bsz: int, views: int, dim: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -56,7 +56,7 @@ STEPS = 2
 BATCH = 8  # per rank
 CLASSES = 4
 CLIP_IMG = 16
-TINY_CLIP = {  # as tests/test_ordinal_clip_module.py: random init, no download
+TINY_CLIP = {  # as tests/methods/test_ordinal_clip_module.py: random init, no download
     "embed_dim": 24,
     "vision_cfg": {"layers": 1, "width": 32, "head_width": 16, "patch_size": 8, "image_size": CLIP_IMG},
     "text_cfg": {"context_length": 24, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},

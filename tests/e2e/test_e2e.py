@@ -151,7 +151,7 @@ def check_fit(result: subprocess.CompletedProcess, cwd: Path, expect: Expect) ->
 @pytest.fixture(scope="module")
 def torchvision_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Small CIFAR-10 and STL-10 folders in torchvision's layout (what ``root: data`` configs read)."""
-    from tests.test_torchvision_data import _write_cifar10, _write_stl10
+    from tests.data.test_torchvision_data import _write_cifar10, _write_stl10
 
     root = tmp_path_factory.mktemp("tv")
     _write_cifar10(root, n_per_batch=40, n_test=40)

@@ -1,9 +1,10 @@
 """Sigmoid contrastive loss (ReLIC-sigmoid, seed ``scl_loss``) against independent references.
 
-* ``reference_numpy``: one Python step per (row, column) pair of the formula in float64
-  NumPy; its gradients are central finite differences of the same loop (nothing shared
-  with torch's autograd or with the fused implementation).
-* ``reference_torch``: the formula as the seed repository writes it (explicit labels
+* ``sigmoid_loop_reference`` (:mod:`benchmarks.reference.sigmoid`): one Python step per
+  (row, column) pair of the formula in float64 NumPy; its gradients are central finite
+  differences of the same loop (nothing shared with torch's autograd or with the fused
+  implementation).
+* ``scl_reference`` (the same module): the formula as the seed repository writes it (explicit labels
   ``2I - 1``, ``(1 - sigmoid) ** gamma``, ``F.logsigmoid``, ``F.kl_div``) in float64 with
   autograd, for larger sizes and for the DDP check.
 * open_clip's ``SigLipLoss`` at ``gamma = alpha = 0``.
@@ -20,52 +21,9 @@ import torch.nn.functional as F
 
 import cloc_lightning.distributed as D
 import cloc_lightning.losses.sigmoid as sigmoid_mod
+from benchmarks.reference.sigmoid import scl_reference, sigmoid_loop_reference
 from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from tests._ddp import run_distributed
-
-
-# ----------------------------------------------------------------------------
-# independent references
-# ----------------------------------------------------------------------------
-def reference_numpy(
-    x: np.ndarray,
-    xp: np.ndarray,
-    tau: float,
-    b: float,
-    alpha: float = 0.0,
-    max_tau: float = 5.0,
-    gamma: float = 0.0,
-    threshold: float | None = None,
-) -> tuple[float, float]:
-    """``(loss, KL)`` with a plain loop over pairs (``threshold``: penalty filtering active)."""
-    n = x.shape[0]
-    xn = [x[i] / max(math.sqrt(float(np.dot(x[i], x[i]))), 1e-12) for i in range(n)]
-    xpn = [xp[i] / max(math.sqrt(float(np.dot(xp[i], xp[i]))), 1e-12) for i in range(n)]
-    scale = min(max(math.exp(tau), 0.0), max_tau)
-    logits = [[scale * float(np.dot(xn[i], xpn[j])) + b for j in range(n)] for i in range(n)]
-    loss = 0.0
-    for i in range(n):
-        for j in range(n):
-            z = logits[i][j] if i == j else -logits[i][j]  # label * logit
-            log_sig = -np.logaddexp(0.0, -z)  # log sigmoid(z)
-            penalty = (1.0 / (1.0 + math.exp(z))) ** gamma  # (1 - sigmoid(z)) ** gamma
-            if threshold is None:
-                loss -= penalty * log_sig
-            elif i == j or penalty > threshold:  # filtering (the seed): the penalty selects, kept pairs unweighted
-                loss -= log_sig
-    loss /= n
-    kl = 0.0
-    for i in range(n):
-        row = logits[i]  # P_i: softmax over j of L_ij
-        col = [logits[j][i] for j in range(n)]  # T_i: softmax over j of L_ji
-        lse_row = float(np.logaddexp.reduce(row))
-        lse_col = float(np.logaddexp.reduce(col))
-        for j in range(n):
-            log_t = col[j] - lse_col
-            log_p = row[j] - lse_row
-            kl += math.exp(log_t) * (log_t - log_p)
-    kl /= n
-    return loss + alpha * kl, kl
 
 
 def numpy_value_and_grads(
@@ -74,9 +32,9 @@ def numpy_value_and_grads(
     """Reference ``(loss, KL)`` and central-difference gradients of output ``which`` (0 loss, 1 KL)."""
 
     def f(xx: np.ndarray, xxp: np.ndarray, t: float, bb: float) -> float:
-        return reference_numpy(xx, xxp, t, bb, **kw)[which]  # type: ignore[arg-type]
+        return sigmoid_loop_reference(xx, xxp, t, bb, **kw)[which]  # type: ignore[arg-type]
 
-    loss, kl = reference_numpy(x, xp, tau, b, **kw)  # type: ignore[arg-type]
+    loss, kl = sigmoid_loop_reference(x, xp, tau, b, **kw)  # type: ignore[arg-type]
     gx, gxp = np.zeros_like(x), np.zeros_like(xp)
     for arr, grad in ((x, gx), (xp, gxp)):
         for idx in np.ndindex(arr.shape):
@@ -90,31 +48,6 @@ def numpy_value_and_grads(
     g_tau = (f(x, xp, tau + h, b) - f(x, xp, tau - h, b)) / (2 * h)
     g_b = (f(x, xp, tau, b + h) - f(x, xp, tau, b - h)) / (2 * h)
     return loss, kl, gx, gxp, g_tau, g_b
-
-
-def reference_torch(
-    x: torch.Tensor,
-    xp: torch.Tensor,
-    tau: torch.Tensor,
-    b: torch.Tensor,
-    alpha: float = 0.0,
-    max_tau: float = 5.0,
-    gamma: float = 0.0,
-    threshold: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seed repository's straightforward formula (explicit label matrix, ``F.kl_div``)."""
-    n = x.shape[0]
-    labels = 2 * torch.eye(n, dtype=x.dtype) - 1
-    xn, xpn = F.normalize(x, dim=-1), F.normalize(xp, dim=-1)
-    logits = xn @ xpn.t() * tau.exp().clamp(0, max_tau) + b
-    penalty = (1 - torch.sigmoid(labels * logits)) ** gamma
-    if threshold is None:
-        terms = penalty * F.logsigmoid(labels * logits)
-    else:  # filtering: the kept pairs' log-sigmoid without the penalty weight
-        terms = F.logsigmoid(labels * logits) * ((penalty > threshold) | (labels > 0))
-    loss = -terms.sum() / n
-    kl = F.kl_div(F.log_softmax(logits, dim=1), F.softmax(logits, dim=0).t(), reduction="batchmean")
-    return loss + alpha * kl, kl
 
 
 def _problem(n: int, d: int, seed: int, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,7 +127,7 @@ def test_both_outputs_backpropagated_together() -> None:
     (2.0 * loss - 3.0 * kl).backward()
     rx, rxp = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)
     rt, rb = t.detach().clone().requires_grad_(True), bb.detach().clone().requires_grad_(True)
-    r_loss, r_kl = reference_torch(rx, rxp, rt, rb, alpha=0.5, gamma=1.5)
+    r_loss, r_kl = scl_reference(rx, rxp, rt, rb, alpha=0.5, gamma=1.5)
     (2.0 * r_loss - 3.0 * r_kl).backward()
     for got, want in ((xx, rx), (xxp, rxp), (t, rt), (bb, rb)):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-10, atol=1e-12)
@@ -220,7 +153,7 @@ def test_larger_batches_match_the_seed_formula(
     rx, rxp = x.double().requires_grad_(True), xp.double().requires_grad_(True)
     rt = t.detach().double().requires_grad_(True)  # the same (float32-rounded) values
     rb = bb.detach().double().requires_grad_(True)
-    r_loss, r_kl = reference_torch(rx, rxp, rt, rb, alpha=alpha, gamma=gamma)
+    r_loss, r_kl = scl_reference(rx, rxp, rt, rb, alpha=alpha, gamma=gamma)
     r_loss.backward()
     tight = dtype == torch.float64
     rtol, atol = (1e-10, 1e-13) if tight else (2e-5, 1e-7)
@@ -274,7 +207,7 @@ def test_penalty_filtering_at_gamma_zero() -> None:
     tau, b = 1.0, -2.0
     kw = dict(gamma=0.0, penalty_filtering=True, filtering_warmup_steps=0, global_step=3)
     keep_all, _, _ = _ours(x, xp, tau, b, filtering_threshold=0.05, **kw)
-    assert keep_all.item() == pytest.approx(reference_numpy(x.numpy(), xp.numpy(), tau, b)[0], rel=1e-12)
+    assert keep_all.item() == pytest.approx(sigmoid_loop_reference(x.numpy(), xp.numpy(), tau, b)[0], rel=1e-12)
     pos_only, _, grads = _ours(x, xp, tau, b, filtering_threshold=1.0, **kw)
     ref = numpy_value_and_grads(x.numpy(), xp.numpy(), tau, b, threshold=1.0)
     assert pos_only.item() == pytest.approx(ref[0], rel=1e-10)
@@ -326,7 +259,7 @@ def test_half_inputs_at_small_temperature_stay_finite(dtype: torch.dtype) -> Non
     for v in (loss, kl, xx.grad, xxp.grad, t.grad, bb.grad):
         assert bool(torch.isfinite(v).all())
     # equals the float64 reference on the same (rounded) inputs
-    r_loss, r_kl = reference_torch(x.double(), xp.double(), t.detach().double(), bb.detach().double(), 1.0, 100.0, 1.0)
+    r_loss, r_kl = scl_reference(x.double(), xp.double(), t.detach().double(), bb.detach().double(), 1.0, 100.0, 1.0)
     torch.testing.assert_close(loss.double(), r_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kl.double(), r_kl, rtol=1e-4, atol=1e-5)
 
@@ -339,7 +272,7 @@ def test_autocast_bf16_runs_in_float32() -> None:
         kl = terms["invariance"]
     loss.backward()
     assert loss.dtype == torch.float32 and bool(torch.isfinite(loss))
-    ref, _ = reference_torch(x.detach().double(), xp.double(), crit.tau.detach().double(), crit.b.detach().double(), 1.0, 50.0, 1.0)
+    ref, _ = scl_reference(x.detach().double(), xp.double(), crit.tau.detach().double(), crit.b.detach().double(), 1.0, 50.0, 1.0)
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -362,7 +295,7 @@ def test_module_defaults_parameters_and_forward() -> None:
         loss, terms = crit.compute(x, xp, gamma=gamma_override, global_step=step)
         kl = terms["invariance"]
         g = 1.0 if gamma_override is None else gamma_override
-        ref = reference_numpy(
+        ref = sigmoid_loop_reference(
             x.double().numpy(), xp.double().numpy(), math.log(5.0), -5.0, alpha=1.0, gamma=g,
             threshold=0.2 if step > 2 else None,
         )
@@ -476,7 +409,7 @@ def test_ddp_equals_single_process_on_the_concatenated_batch() -> None:
         rx, rxp = x.double().requires_grad_(True), xp.double().requires_grad_(True)
         rt = torch.tensor(DDP_TAU, dtype=torch.float64, requires_grad=True)
         rb = torch.tensor(DDP_B, dtype=torch.float64, requires_grad=True)
-        r_loss, r_kl = reference_torch(rx, rxp, rt, rb, alpha=alpha, gamma=gamma, threshold=thr)
+        r_loss, r_kl = scl_reference(rx, rxp, rt, rb, alpha=alpha, gamma=gamma, threshold=thr)
         r_loss.backward()
         tol = dict(rtol=1e-5, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
         for r, res in enumerate(results):
@@ -514,7 +447,7 @@ def test_compute_invariance_false_skips_the_kl_and_keeps_the_loss(
     rx, rxp = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)
     rt = torch.tensor(math.log(3.0), dtype=torch.float64, requires_grad=True)
     rb = torch.tensor(-1.5, dtype=torch.float64, requires_grad=True)
-    r_loss, _ = reference_torch(rx, rxp, rt, rb, gamma=gamma)
+    r_loss, _ = scl_reference(rx, rxp, rt, rb, gamma=gamma)
     want = torch.autograd.grad(r_loss, [rx, rxp, rt, rb])
     assert loss.item() == pytest.approx(r_loss.item(), rel=1e-10, abs=1e-12)
     for g, w in zip(got, want):

@@ -25,6 +25,8 @@ from torch import nn
 open_clip = pytest.importorskip("open_clip")
 from open_clip.transformer import QuickGELU  # noqa: E402
 
+from benchmarks.reference.ordinal_clip import seed_interpolation  # noqa: E402
+from benchmarks.reference.schedules import torch_epoch_lrs  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
 from cloc_lightning.methods.base import lr_factor  # noqa: E402
 from cloc_lightning.nn import clip as clip_mod  # noqa: E402
@@ -237,25 +239,10 @@ def test_radam_weight_decay_is_decoupled_as_the_seed() -> None:
     torch.testing.assert_close(p.detach(), torch.full((3,), 0.95**10))
 
 
-def _torch_epoch_lrs(scheduler: str, epochs: int) -> list[float]:
-    """The seed's schedule: a torch scheduler stepped once per epoch (Lightning's default interval)."""
-    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-    if scheduler == "cosine":
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, float(epochs))
-    else:
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[60], gamma=0.1)
-    out = []
-    for _ in range(epochs):
-        out.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    return out
-
-
 def test_seed_schedules_vs_ours() -> None:
     E, spe = 100, 7
     total = E * spe
-    seed_cos = _torch_epoch_lrs("cosine", E)
+    seed_cos = torch_epoch_lrs("cosine", E)
     for k in range(E):
         assert seed_cos[k] == pytest.approx(0.5 * (1 + math.cos(math.pi * k / E)), abs=1e-12)
         # ours, as the seed config sets it (cosine, lr_interval step, no warm-up, min 0):
@@ -268,7 +255,7 @@ def test_seed_schedules_vs_ours() -> None:
         ours_epoch = lr_factor(k * spe, total, spe, "cosine", 0.0, 0.0, interval="epoch", max_epochs=E)
         assert ours_epoch == pytest.approx(0.5 * (1 + math.cos(math.pi * (k + 1) / E)))
     # the seed's default.yaml: MultiStepLR([60], 0.1) per epoch == ours (either interval), every step
-    seed_step = _torch_epoch_lrs("step", E)
+    seed_step = torch_epoch_lrs("step", E)
     for s in range(total):
         for interval in ("step", "epoch"):
             ours = lr_factor(s, total, spe, "step", 0.0, 0.0, [60], 0.1, interval=interval, max_epochs=E)
@@ -286,23 +273,6 @@ def test_linear_head_default_logit_scale_is_the_seed_baselines_100() -> None:
 # --------------------------------------------------------------------------------------------
 # 3. 'normal' interpolation: the seed's formula vs ours
 # --------------------------------------------------------------------------------------------
-
-
-def seed_interpolation(R: int, B: int, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Our re-implementation of the seed's ``create_interpolation_weights`` (in the CLIP dtype)."""
-    rank = torch.arange(R, dtype=dtype)[:, None].expand(R, B)
-    if B == 1:
-        pos = torch.linspace(0, R - 1, 3, dtype=dtype)[1:2]  # the middle
-    else:
-        pos = torch.linspace(0, R - 1, B, dtype=dtype)
-    d = (rank - pos[None]).abs()
-    if kind == "linear":
-        w = 1.0 - d / (R - 1)
-    elif kind == "inv_prop":
-        w = 1.0 / (d + 1e-5)
-    else:
-        w = torch.exp(-d * d)
-    return w / w.sum(dim=-1, keepdim=True)
 
 
 GRID = [(R, B) for B in range(1, 8) for R in (B, 5, 10, 21, 22, 23, 43, 44, 63, 80, 100, 101, 128) if R >= max(B, 2)]

@@ -5,7 +5,7 @@
   between epochs, and the main process's global generator is never drawn from.
 * A CLI fit with ``num_workers: 2`` SIGKILLed at the epoch 0/1 boundary and mid-epoch 1,
   each time resumed with ``--ckpt_path last``, ends bit-identical to an uninterrupted run
-  (the kill/resume helpers of ``tests/test_reliability.py``, with workers).
+  (the kill/resume helpers of ``tests/_reliability.py``, with workers).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.data.base import EpochShuffleSampler, ResumableDataLoader, TransformedSubset
+from tests._reliability import RESUME_SETUPS, _cli_config, _fit_killed_at, _last_ckpt, assert_same
 from tests.conftest import run_cli
-from tests.test_reliability import RESUME_SETUPS, _cli_config, _fit_killed_at, _last_ckpt, assert_same
 
 
 def _shapes(workers: int, seed: int = 0, **kw: Any) -> OrdinalShapesDataModule:

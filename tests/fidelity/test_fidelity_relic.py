@@ -28,15 +28,16 @@ import torch
 import yaml
 from torch import nn
 
+from benchmarks.reference.schedules import scl_train_ema_coefficients
+from benchmarks.reference.sigmoid import filtering_threshold, sigmoid_loop_reference
 from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule
 from cloc_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from cloc_lightning.methods import ReLICModule
 from cloc_lightning.methods.relic import scl_train_beta, scl_train_beta_horizon
 from cloc_lightning.probe import PROBE_PRESETS, extract_features, logistic_regression_probe, probe_checkpoint, probe_settings
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import REPO, TINY_BACKBONE
 
-REPO = Path(__file__).resolve().parent.parent
 QUIET = dict(online_probe=False, knn_k=0)
 SEED_CONFIGS = {"cifar10": 32, "stl10": 96}  # configs/relic/<name>.yaml reproduce the seed; their image size
 
@@ -140,31 +141,9 @@ def test_encoder_bn_train_default_moves_running_statistics(tmp_path: Path) -> No
 
 # =============================================================================== 2. penalty filtering
 def _seed_loss_numpy(x: np.ndarray, xp: np.ndarray, tau: float, b: float, gamma: float, alpha: float,
-                     step: int, warmup: int, thr: float, max_tau: float = 5.0) -> float:
-    """The seed's ``scl_loss`` with ``penalty_filtering=True``, one pair at a time (float64)."""
-    n = x.shape[0]
-    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
-    xpn = xp / np.linalg.norm(xp, axis=1, keepdims=True)
-    scale = min(math.exp(tau), max_tau)
-    logits = scale * xn @ xpn.T + b
-    filtering = step > warmup
-    total = 0.0
-    for i in range(n):
-        for j in range(n):
-            z = logits[i, j] if i == j else -logits[i, j]
-            log_sig = -math.log1p(math.exp(-z)) if z > 0 else z - math.log1p(math.exp(z))
-            penalty = (1.0 - 1.0 / (1.0 + math.exp(-z))) ** gamma
-            if not filtering:
-                total -= penalty * log_sig
-            elif i == j or penalty > thr:
-                total -= log_sig  # selected pairs enter without their penalty weight
-    loss = total / n
-    kl = 0.0
-    for i in range(n):
-        log_p = logits[i] - np.logaddexp.reduce(logits[i])
-        log_t = logits[:, i] - np.logaddexp.reduce(logits[:, i])
-        kl += float(np.sum(np.exp(log_t) * (log_t - log_p)))
-    return loss + alpha * kl / n
+                     step: int, warmup: int, thr: float) -> float:
+    """The seed's ``scl_loss`` with ``penalty_filtering=True`` at ``global_step = step`` (the shared loop reference)."""
+    return sigmoid_loop_reference(x, xp, tau, b, alpha=alpha, gamma=gamma, threshold=filtering_threshold(step, warmup, thr))[0]
 
 
 def _central_differences(f, arr: np.ndarray, h: float = 1e-6) -> np.ndarray:
@@ -329,27 +308,13 @@ def test_seed_configs_build_the_seed_pipeline(name: str) -> None:
 
 
 # =============================================================================== 5. beta schedule
-def _seed_ema_coefficients(n_steps: int, loader_len: int, epochs: int, beta0: float, after: int, every: int) -> dict[int, float]:
-    """Simulate the seed's ``train.py`` bookkeeping: step -> coefficient used (0.0 = copy)."""
-    horizon = loader_len * (epochs + 2) - after
-    beta = beta0
-    used: dict[int, float] = {}
-    for k in range(n_steps):
-        if k > after and k % every == 0:
-            used[k] = beta  # the EMA uses the value computed at the previous EMA step
-            beta = 1.0 - (1.0 - beta0) * (math.cos(math.pi * k / horizon) + 1.0) / 2.0
-        if k <= after:
-            used[k] = 0.0
-    return used
-
-
 @pytest.mark.parametrize("after,every", [(1, 1), (0, 1), (5, 2), (3, 3)])
 def test_scl_train_beta_matches_the_seed_loop_over_a_grid_of_steps(after: int, every: int) -> None:
     loader_len, epochs, beta0 = 37, 11, 0.995
     total = loader_len * epochs
     horizon = scl_train_beta_horizon(loader_len, epochs, after)
     assert horizon == loader_len * (epochs + 2) - after
-    seed = _seed_ema_coefficients(total, loader_len, epochs, beta0, after, every)
+    seed = scl_train_ema_coefficients(total, loader_len, epochs, beta0, after, every)
     ema_steps = [k for k in seed if seed[k] > 0.0]
     assert ema_steps and ema_steps[0] == next(k for k in range(after + 1, total) if k % every == 0)
     for k in ema_steps:
@@ -380,7 +345,7 @@ def test_scl_train_beta_schedule_in_a_real_fit(tmp_path: Path, every: int) -> No
     trainer = _trainer(tmp_path, max_epochs=3)
     trainer.fit(m, datamodule=_dm(MultiCropViews(2, 0)))
     assert trainer.global_step == 12 and m.beta_horizon() == 4 * 5 - 1
-    seed = _seed_ema_coefficients(12, 4, 3, 0.9, 1, every)
+    seed = scl_train_ema_coefficients(12, 4, 3, 0.9, 1, every)
     assert set(m.used) == set(seed)
     for k, v in seed.items():
         assert m.used[k] == pytest.approx(v, rel=1e-12), k

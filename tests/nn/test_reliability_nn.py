@@ -1,0 +1,45 @@
+"""Reliability of the networks: unknown timm / open_clip model names, pretrained weights unavailable offline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from cloc_lightning.methods import CEModule, CLOCModule, OrdinalCLIPModule
+
+
+# ---------------------------------------------------------------- models and configs
+def test_unknown_timm_and_open_clip_model_names() -> None:
+    from cloc_lightning.nn.backbones import create_backbone
+    from cloc_lightning.nn.clip import load_clip
+
+    with pytest.raises(ValueError, match=r"Unknown timm backbone 'resnet181'.*'resnet18'"):
+        create_backbone("resnet181")
+    with pytest.raises(ValueError, match=r"Unknown timm backbone 'resnet181'"):
+        CLOCModule(num_classes=4, backbone="resnet181")
+    with pytest.raises(ValueError, match=r"Unknown open_clip model name 'ViT-B-322'.*'ViT-B-32'"):
+        load_clip("ViT-B-322", None)
+    with pytest.raises(ValueError, match=r"Unknown open_clip model name 'ViT-B-322'"):
+        OrdinalCLIPModule(num_classes=4, clip_model="ViT-B-322")
+
+
+def test_pretrained_weights_unavailable_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from huggingface_hub import constants
+
+    from cloc_lightning.nn.clip import load_clip
+    from cloc_lightning.nn.hub import PretrainedUnavailableError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # nothing cached
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    t0 = time.perf_counter()
+    with pytest.raises(PretrainedUnavailableError, match="HF_HUB_OFFLINE.*pretrained: false"):
+        CEModule(num_classes=4, backbone="resnet18", pretrained=True)
+    with pytest.raises(PretrainedUnavailableError, match="HF_HUB_OFFLINE"):
+        load_clip("RN50", "openai")
+    assert time.perf_counter() - t0 < 20  # fails fast: no minute of hub retries
