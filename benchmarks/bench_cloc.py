@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -113,7 +114,7 @@ def _fit_exponent(ns: list[int], ts: list[float]) -> float:
     lx = [math.log(v) for v in ns]
     ly = [math.log(v) for v in ts]
     mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)
 
 
 def run(quick: bool = False, threads: int | None = 1) -> tuple[str, dict[str, Any]]:
@@ -201,7 +202,7 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
     exponent_upper = _fit_exponent(scale_ns[upper:], times[upper:])  # where fixed overheads no longer matter
     base = times[0] / (scale_ns[0] ** 2 * math.log2(scale_ns[0]))
     scale_rows = []
-    for sn, t in zip(scale_ns, times):
+    for sn, t in zip(scale_ns, times, strict=True):
         unit = t / (sn**2 * math.log2(sn))
         scale_rows.append([str(sn), f"{t:.1f}", f"{unit * 1e6:.2f}", f"{unit / base:.2f}", f"{scale_mem[sn]:.0f}"])
     scale_table = markdown_table(

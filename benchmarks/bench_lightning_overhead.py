@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import logging
 import statistics
 import tempfile
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -113,7 +115,7 @@ def _now() -> tuple[float, float]:
 
 def _intervals(marks: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """(wall, CPU) seconds between consecutive marks."""
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])]
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(marks)]
 
 
 class _StepClock(L.Callback):
@@ -205,7 +207,7 @@ def step_overhead(backbone: str, steps: int, rounds: int) -> dict[str, Any]:
                 if r > 0:
                     times[impl].extend(w for w, _ in dt[1:])  # the first step also builds the optimiser state
                     cpu_times[impl].extend(c for _, c in dt[1:])
-            diff = max(abs(a - b) for impl in impls for a, b in zip(losses[impl], losses["plain"]))
+            diff = max(abs(a - b) for impl in impls for a, b in zip(losses[impl], losses["plain"], strict=True))
             max_loss_diff = max(max_loss_diff, diff)
     stats = {k: _stats(v) for k, v in times.items()}
     cpu = {k: _stats(v) for k, v in cpu_times.items()}
@@ -245,8 +247,8 @@ def ema_update_foreach(target: nn.Module, online: nn.Module, momentum: float) ->
     """
     t_all = list(target.parameters()) + list(target.buffers())
     o_all = list(online.parameters()) + list(online.buffers())
-    floats = [(t, o.detach()) for t, o in zip(t_all, o_all) if t.is_floating_point()]
-    for t, o in zip(t_all, o_all):
+    floats = [(t, o.detach()) for t, o in zip(t_all, o_all, strict=True) if t.is_floating_point()]
+    for t, o in zip(t_all, o_all, strict=True):
         if not t.is_floating_point():
             t.copy_(o)
     torch._foreach_lerp_([t for t, _ in floats], [o for _, o in floats], 1.0 - momentum)
@@ -255,7 +257,7 @@ def ema_update_foreach(target: nn.Module, online: nn.Module, momentum: float) ->
 @torch.no_grad()
 def ema_update_loop(target: nn.Module, online: nn.Module, momentum: float) -> None:
     """The same update as :func:`ema_update_foreach`, one Python-level op per tensor."""
-    for t, o in zip(list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers())):
+    for t, o in zip(list(target.parameters()) + list(target.buffers()), list(online.parameters()) + list(online.buffers()), strict=True):
         if t.is_floating_point():
             t.lerp_(o.detach(), 1.0 - momentum)
         else:
@@ -295,7 +297,7 @@ def ema_timing(backbone: str, repeats: int) -> dict[str, Any]:
     max_diff = max(
         float((a.double() - b.double()).abs().max()) if a.is_floating_point() else 0.0
         for name in results
-        for a, b in zip(results[name], results["loop"])
+        for a, b in zip(results[name], results["loop"], strict=True)
     )
     target.load_state_dict(start)
     stats = time_interleaved(cases, repeats=repeats, warmup=3)

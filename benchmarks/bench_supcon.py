@@ -22,7 +22,8 @@ A scaling section compares dense vs tiled at larger batches (peers left out: the
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

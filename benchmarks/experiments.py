@@ -52,9 +52,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "experiments"
@@ -670,7 +671,7 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
                 continue
             cells = [format_mean_std(a[m]["values"], fmt) if m in a else "–" for m, _, fmt in table.metrics]
             w = a["wall_s"]
-            body.append([r.label, f"`{cfg}`"] + cells + [str(len(a["seeds"])), f"{w['mean']:.0f} ({w['min']:.0f}–{w['max']:.0f})"])
+            body.append([r.label, f"`{cfg}`", *cells, str(len(a["seeds"])), f"{w['mean']:.0f} ({w['min']:.0f}–{w['max']:.0f})"])
         if len(columns) > 1:
             lines += [f"**{col}**", ""]
         lines += [markdown_table(headers, body), ""]
@@ -750,7 +751,7 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
                 ax.plot(epochs, mean, marker="o", markersize=3, label=f"{r.label} (n={len(per_seed)})")
                 if len(per_seed) > 1:
                     std = [statistics.stdev([c[e] for c in per_seed]) for e in epochs]
-                    ax.fill_between(epochs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+                    ax.fill_between(epochs, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
             ax.set_xlabel("epoch")
             ax.set_ylabel(header)
             ax.set_title(f"{col}: {header}" if len(columns) > 1 else header, fontsize=10)

@@ -32,6 +32,7 @@ Usage from a benchmark module::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -42,9 +43,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -136,10 +138,8 @@ def _reset_peak_rss() -> bool:
 def _trim_heap() -> None:
     """Return freed ``malloc`` memory to the OS (glibc), so the baseline RSS holds no free pages."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def memory_method(device: torch.device | str = "cpu") -> str:

@@ -70,11 +70,11 @@ def main(argv: list[str] | None = None) -> str:
         runs.append((label, read_margins(Path(path))))
 
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.8), sharey=True, squeeze=False)
-    for ax, (label, m) in zip(axes[0], runs):
+    for ax, (label, m) in zip(axes[0], runs, strict=True):
         for n in m["names"]:
             ax.plot(m["step"], m["values"][n], label=n.split("/", 1)[1], linewidth=1.2)
         if args.freeze_epoch is not None:
-            first = [s for s, e in zip(m["step"], m["epoch"]) if e >= args.freeze_epoch]
+            first = [s for s, e in zip(m["step"], m["epoch"], strict=True) if e >= args.freeze_epoch]
             if first:
                 ax.axvline(first[0], color="k", linestyle="--", linewidth=0.8)
                 ax.text(first[0], ax.get_ylim()[1], " freeze", va="top", fontsize=8)

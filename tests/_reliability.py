@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -214,22 +215,22 @@ def _fit_killed_at(tmp_path: Path, name: str, step: int, resume: bool, setup: st
     cfg = _cli_config(tmp_path, name, [{"class_path": "tests._faults.PauseAtStep",
                                         "init_args": {"step": step, "marker": str(marker)}}], setup)
     args = [sys.executable, "-m", "cloc_lightning", "fit", "--config", str(cfg)] + (["--ckpt_path", "last"] if resume else [])
-    log = open(tmp_path / f"killed_at_{step}.log", "w+")
-    proc = subprocess.Popen(args, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                raise AssertionError(f"the run did not reach step {step} (rc={proc.returncode}):\n{log.read()[-4000:]}")
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log.seek(0)
-    return log.read()
+    with open(tmp_path / f"killed_at_{step}.log", "w+") as log:
+        proc = subprocess.Popen(args, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while not marker.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise AssertionError(f"the run did not reach step {step} (rc={proc.returncode}):\n{log.read()[-4000:]}")
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        return log.read()
 
 
 def _last_ckpt(run_dir: Path) -> Path:
@@ -249,7 +250,7 @@ def assert_same(a: Any, b: Any, where: str = "checkpoint") -> None:
             assert_same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"

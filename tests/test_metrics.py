@@ -27,13 +27,13 @@ def test_ordinal_metrics_hand_computed() -> None:
     assert out["val/mae"] == pytest.approx(1.0)  # (0+1+0+3)/4
     assert out["val/acc"] == pytest.approx(0.5)
     assert out["val/acc_pm1"] == pytest.approx(0.75)
-    # QWK by hand: O = confusion, W_ij = (i-j)^2/(N-1)^2, E = outer(hist_t, hist_p)/n
-    O = np.zeros((4, 4))
-    for t, p in zip([0, 1, 2, 3], [0, 2, 2, 0]):
-        O[t, p] += 1
+    # QWK by hand: conf = confusion, W_ij = (i-j)^2/(N-1)^2, E = outer(hist_t, hist_p)/n
+    conf = np.zeros((4, 4))
+    for t, p in zip([0, 1, 2, 3], [0, 2, 2, 0], strict=True):
+        conf[t, p] += 1
     W = np.array([[(i - j) ** 2 / 9 for j in range(4)] for i in range(4)])
-    E = np.outer(O.sum(1), O.sum(0)) / O.sum()
-    qwk = 1 - (W * O).sum() / (W * E).sum()
+    E = np.outer(conf.sum(1), conf.sum(0)) / conf.sum()
+    qwk = 1 - (W * conf).sum() / (W * E).sum()
     assert out["val/qwk"] == pytest.approx(qwk, abs=1e-6)
     # expected rank of near-one-hot scores equals the arg-max
     assert out["val/mae_expected"] == pytest.approx(1.0, abs=1e-3)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -38,7 +38,7 @@ EXPECTED = [
 CELL_TIMEOUT = 300
 
 
-def _strip_module():  # noqa: ANN202 - the notebooks/strip_outputs.py module
+def _strip_module():
     spec = importlib.util.spec_from_file_location("strip_outputs", NB_DIR / "strip_outputs.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

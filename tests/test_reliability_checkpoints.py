@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import warnings
@@ -61,10 +62,8 @@ def test_resume_in_process_is_exact_mid_epoch_with_random_augmentation(method: s
                            enable_checkpointing=True, deterministic=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:
+            with contextlib.suppress(Killed):
                 trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
-            except Killed:
-                pass
         return model, trainer
 
     full, _ = run("full")

@@ -72,10 +72,8 @@ def interpolation_weights_formula(R: int, B: int, kind: str) -> np.ndarray:
 def seed_interpolation(R: int, B: int, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Our re-implementation of the seed's ``create_interpolation_weights`` (in the CLIP dtype)."""
     rank = torch.arange(R, dtype=dtype)[:, None].expand(R, B)
-    if B == 1:
-        pos = torch.linspace(0, R - 1, 3, dtype=dtype)[1:2]  # the middle
-    else:
-        pos = torch.linspace(0, R - 1, B, dtype=dtype)
+    # one base rank: the middle of three
+    pos = torch.linspace(0, R - 1, 3, dtype=dtype)[1:2] if B == 1 else torch.linspace(0, R - 1, B, dtype=dtype)
     d = (rank - pos[None]).abs()
     if kind == "linear":
         w = 1.0 - d / (R - 1)

@@ -26,10 +26,7 @@ def supcontrast_lrs(
     """The learning rate of every optimiser step of SupContrast's ``main_supcon.py`` loop."""
     warm_epochs, warmup_from = 10, 0.01
     eta_min = lr * rate**3
-    if cosine:
-        warmup_to = eta_min + (lr - eta_min) * (1 + math.cos(math.pi * warm_epochs / epochs)) / 2
-    else:
-        warmup_to = lr
+    warmup_to = eta_min + (lr - eta_min) * (1 + math.cos(math.pi * warm_epochs / epochs)) / 2 if cosine else lr
     out = []
     for epoch in range(1, epochs + 1):
         if cosine:

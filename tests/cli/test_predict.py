@@ -161,7 +161,8 @@ def test_unlabelled_predict_batches_are_image_tensors_and_the_modules_predict_th
     trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[writer], enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.predict(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=dm, return_predictions=False)
-    rows = list(csv.DictReader(open(tmp_path / "out" / "p.csv")))
+    with open(tmp_path / "out" / "p.csv") as fh:
+        rows = list(csv.DictReader(fh))
     assert [r["path"] for r in rows] == [dm.predict_set.describe(i) for i in range(5)]
     assert [r["index"] for r in rows] == [str(i) for i in range(5)] and "target" not in rows[0]
 
@@ -225,7 +226,8 @@ def test_merge_prediction_parts_sorts_by_index_and_drops_duplicates(tmp_path: Pa
         _part(tmp_path / "p.rank2.csv", []),  # a rank that got no sample
     ]
     assert merge_prediction_parts(parts, str(tmp_path / "p.csv")) == 5
-    rows = list(csv.DictReader(open(tmp_path / "p.csv")))
+    with open(tmp_path / "p.csv") as fh:
+        rows = list(csv.DictReader(fh))
     assert [r["index"] for r in rows] == ["0", "1", "2", "3", "4"]
     assert [r["path"] for r in rows] == ["a.png", "b.png", "c.png", "d.png", "e.png"]
     assert not list(tmp_path.glob("p.rank*.csv"))
@@ -272,7 +274,8 @@ def test_writer_under_ddp_every_rank_makes_the_same_collective_calls(tmp_path: P
         writers[r].write_on_epoch_end(ranks[r], None, _outputs(share[r]), [share[r]])  # type: ignore[arg-type]
     for rank in ranks:
         assert rank.collectives == ["log_dir", "barrier PredictionWriter.parts", "barrier PredictionWriter.merged"]
-    rows = list(csv.DictReader(open(tmp_path / "logs" / "predictions.csv")))
+    with open(tmp_path / "logs" / "predictions.csv") as fh:
+        rows = list(csv.DictReader(fh))
     assert [(r["index"], r["path"], r["target"]) for r in rows] == [("1", "img1.png", "1"), ("3", "img3.png", "0"),
                                                                      ("5", "img5.png", "2")]
     assert writers[0].written == str(tmp_path / "logs" / "predictions.csv")

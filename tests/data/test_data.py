@@ -68,12 +68,12 @@ def test_utkface_split_is_deterministic_and_stable(tmp_path: Path) -> None:
         assert files(dm1, s) == files(dm2, s)
     assert len(dm1.train_set) + len(dm1.val_set) + len(dm1.test_set) == 60
     # adding files never moves existing ones between splits
-    _utk_folder(tmp_path / "a", ages + [33, 44, 55])
+    _utk_folder(tmp_path / "a", [*ages, 33, 44, 55])
     dm3 = UTKFaceDataModule(str(tmp_path / "a"), batch_size=4, num_workers=0)
     dm3.setup("fit")
     assert set(files(dm1, "test")) <= set(files(dm3, "test"))
     # labels follow the bins
-    for f, y in zip(dm1.train_set.base.files, dm1.train_set.base.targets):
+    for f, y in zip(dm1.train_set.base.files, dm1.train_set.base.targets, strict=True):
         assert y == dm1.age_to_label(parse_utkface_name(f)["age"])
 
 
@@ -156,10 +156,10 @@ def test_image_folder_layouts(tmp_path: Path) -> None:
     )
     dm.setup("fit")
     assert dm.class_names == ["emu", "cat", "dog"]
-    for f, y in zip(dm.test_set.base.files, dm.test_set.base.targets):
+    for f, y in zip(dm.test_set.base.files, dm.test_set.base.targets, strict=True):
         assert y == ["emu", "cat", "dog"].index(Path(f).parent.name)
     with pytest.raises(DataConfigError, match="class_order does not match"):
-        ImageFolderDataModule(str(tmp_path / "split"), class_order=["cat", "dog"]).num_classes
+        _ = ImageFolderDataModule(str(tmp_path / "split"), class_order=["cat", "dog"]).num_classes
     for c in ("a", "b"):
         for i in range(20):
             _jpeg(tmp_path / "pool" / c / f"{i}.png", seed=i)
@@ -177,7 +177,7 @@ def test_csv_module(tmp_path: Path) -> None:
     dm = CSVDataModule(str(tmp_path / "data.csv"), split_column="split", class_names=["low", "mid", "high"], batch_size=2, num_workers=0)
     dm.setup("fit")
     assert dm.num_classes == 3 and len(dm.train_set) == 6 and len(dm.val_set) == 3 and len(dm.test_set) == 3
-    x, y = next(iter(dm.train_dataloader()))
+    x, _y = next(iter(dm.train_dataloader()))
     assert x.shape[0] == 2
     bad = CSVDataModule(str(tmp_path / "data.csv"), label_column="age")
     with pytest.raises(DataConfigError, match="column 'age' not in"):
@@ -271,5 +271,5 @@ def test_real_cifar10_folder_multiview() -> None:
     dm = ImageFolderDataModule(str(CIFAR10), batch_size=8, num_workers=0, train_views=SupConViews(2))
     dm.setup("fit")
     assert dm.class_names[0] == "airplane" and len(dm.test_set) == 10000
-    views, y = next(iter(dm.train_dataloader()))
+    views, _y = next(iter(dm.train_dataloader()))
     assert len(views) == 2 and views[0].shape == (8, 3, 32, 32)

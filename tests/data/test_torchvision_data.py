@@ -111,7 +111,7 @@ def test_cifar100_fine_labels_and_multiview(tmp_path: Path) -> None:
     dm = CIFAR100DataModule(str(tmp_path), download=False, batch_size=4, num_workers=0, train_views=SupConViews(3))
     dm.setup("fit")
     assert dm.num_classes == 100 and dm.class_names[7] == "f7"
-    views, y = next(iter(dm.train_dataloader()))
+    views, _y = next(iter(dm.train_dataloader()))
     assert len(views) == 3 and all(v.shape == (4, 3, 32, 32) for v in views)
 
 

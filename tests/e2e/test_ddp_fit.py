@@ -36,8 +36,9 @@ from __future__ import annotations
 import os
 import pickle
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import pytest

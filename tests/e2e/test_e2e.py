@@ -180,8 +180,8 @@ FREEZE_AT_1 = ["--trainer.callbacks.init_args.freeze_at_epoch", "1"]
 
 
 def _ce(name: str, tmp: Path, tv: Path) -> None:
-    extra = {"demo.yaml": [], "utkface.yaml": shared_root(UTKFACE) + ["--data.batch_size", "16"],
-             "cifar10_cpu.yaml": shared_root(CIFAR10) + ["--data.batch_size", "16"],
+    extra = {"demo.yaml": [], "utkface.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
+             "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
              "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0"]}[name]
     check_fit(fit(f"ce/{name}", tmp, *extra, epochs=2), tmp, Expect(epochs=2))
 
@@ -200,7 +200,7 @@ def _cloc_demo(tmp: Path) -> None:
 
 def _cloc_utkface(tmp: Path) -> None:
     needs_shared(UTKFACE)
-    common = shared_root(UTKFACE) + ["--data.batch_size", "16"]
+    common = [*shared_root(UTKFACE), "--data.batch_size", "16"]
     one = check_fit(fit("cloc/utkface.yaml", tmp, *FREEZE_AT_1, *common, epochs=2), tmp, Expect(epochs=2, cloc_freeze=True))
     check_fit(fit("cloc/utkface_sm.yaml", tmp, *FREEZE_AT_1, *common, epochs=2), tmp, Expect(epochs=2, cloc_freeze=True))
     best = sorted((one / "checkpoints").glob("best-*.ckpt"))[-1]
@@ -229,7 +229,7 @@ def _pretrain_then_probe(method: str, name: str, tmp: Path, tv: Path) -> None:
 
 
 def _relic(name: str, tmp: Path, tv: Path) -> None:
-    extra = {"demo.yaml": [], "cifar10_cpu.yaml": shared_root(CIFAR10) + ["--data.batch_size", "16"],
+    extra = {"demo.yaml": [], "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
              "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0",
                               "--model.backbone", "test_resnet"],
              "stl10.yaml": ["--data.root", str(tv), "--data.batch_size", "8", "--data.num_workers", "0",

@@ -176,7 +176,7 @@ def test_penalty_filtering_matches_the_seed_value_gradients_and_boundary(gamma: 
         assert loss.item() == pytest.approx(ref, rel=1e-10), step
         loss.backward()
 
-        def f() -> float:
+        def f(step: int = step) -> float:
             return _seed_loss_numpy(xa, xpa, tau, b, gamma, 1.0, step, warmup, thr)
 
         np.testing.assert_allclose(xg.grad.numpy(), _central_differences(f, xa), rtol=1e-5, atol=1e-7)

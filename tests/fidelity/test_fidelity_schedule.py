@@ -54,7 +54,7 @@ def test_default_step_interval_differs_from_supcontrast() -> None:
     """The default (per-step cosine after a warm-up from ~0) is not SupContrast's: the switch matters."""
     ref = supcontrast_lrs(0.5, 20, 3, cosine=True, warm=True)
     ours = [0.5 * lr_factor(s, 60, 3, "cosine", 10, 1e-3) for s in range(60)]
-    assert max(abs(a - b) for a, b in zip(ours, ref)) > 0.01
+    assert max(abs(a - b) for a, b in zip(ours, ref, strict=True)) > 0.01
 
 
 def _lrs_from_trainer(tmp_path, **hparams) -> list[float]:

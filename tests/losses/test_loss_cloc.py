@@ -12,7 +12,7 @@ Values and gradients are checked against the independent references of
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +50,7 @@ MM_MAPS = ("none", "learnable_values", "mixed", "all_fixed")
 SM_MAPS = ("sm_none", "sm_learnable", "sm_fixed")
 
 
-def _make_map(kind: str, n_classes: int) -> Optional[list[list[Any]]]:
+def _make_map(kind: str, n_classes: int) -> list[list[Any]] | None:
     c = n_classes - 1
     if kind in ("none", "sm_none"):
         return None
@@ -72,7 +72,7 @@ def _make_crit(kind: str, n_classes: int, **kw: Any) -> torch.nn.Module:
     return cls(n_classes, learnable_map=_make_map(kind, n_classes), **kw)
 
 
-def _ref_margins(crit: torch.nn.Module, kind: str) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
+def _ref_margins(crit: torch.nn.Module, kind: str) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """Adjacent margins built from the stored raw values (public parameters/buffers) and the map's kinds.
 
     The reference applies its own softplus; it never calls the code's ``margins()``.  (Fixed
@@ -97,7 +97,7 @@ def _ref_margins(crit: torch.nn.Module, kind: str) -> tuple[list[torch.Tensor], 
     return out, (leaf if k > 0 else None)
 
 
-def _raw_param(crit: torch.nn.Module) -> Optional[torch.Tensor]:
+def _raw_param(crit: torch.nn.Module) -> torch.Tensor | None:
     params = [p for p in crit.parameters() if p.requires_grad]
     assert len(params) <= 1
     return params[0] if params else None
@@ -142,7 +142,7 @@ def test_value_and_gradients_match_loop_reference(n_classes: int, kind: str) -> 
         else:  # no (positive, negative) pair at all: the loss is a constant 0
             ref_grads = [torch.zeros_like(xr)] + ([torch.zeros_like(leaf)] if leaf is not None else [])
         assert (raw is None) == (leaf is None)
-        for got, want in zip(grads, ref_grads):
+        for got, want in zip(grads, ref_grads, strict=True):
             got = torch.zeros_like(want) if got is None else got
             want = torch.zeros_like(got) if want is None else want
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
@@ -169,7 +169,7 @@ def test_float32_fast_path_matches_loop_reference(kind: str, reduction: str) -> 
         ref_grads = torch.autograd.grad(ref, [xr] + ([leaf] if leaf is not None else []))
         assert len(grads) == len(ref_grads)
         torch.testing.assert_close(loss.double(), ref.detach(), rtol=2e-6, atol=1e-7)
-        for got, want in zip(grads, ref_grads):
+        for got, want in zip(grads, ref_grads, strict=True):
             torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
 
 
@@ -473,7 +473,7 @@ def test_summary_writer_logs_margins_and_layout_once(tmp_path: Any) -> None:
     writer.close()
     ea = _read_events(str(tmp_path / "mm"))
     assert sorted(ea.Tags()["scalars"]) == ["C0-C1", "C1-C2", "C2-C3"]
-    for name, value in zip(["C0-C1", "C1-C2", "C2-C3"], [0.3, 0.6, 0.9]):
+    for name, value in zip(["C0-C1", "C1-C2", "C2-C3"], [0.3, 0.6, 0.9], strict=True):
         events = ea.Scalars(name)
         assert [e.step for e in events] == [0, 1, 2]
         assert all(e.value == pytest.approx(value, rel=1e-5) for e in events)

@@ -6,7 +6,8 @@ Degenerate-batch values are checked against the independent references of ``benc
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -163,7 +163,7 @@ def test_user_subclass_trains_and_reloads(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, max_epochs=1)
     trainer.fit(model, datamodule=_dm())
     assert isinstance(trainer.optimizers[0], torch.optim.SGD)
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     reloaded = MyCE.load_from_checkpoint(trainer.checkpoint_callback.last_model_path)
     assert reloaded.head[0].out_features == 12
     x = torch.randn(3, 3, 32, 32)

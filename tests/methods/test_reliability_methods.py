@@ -5,8 +5,9 @@ mini-batch sizes, encoder checkpoints, phase-two margin files, bf16-mixed fits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import pytest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def _target_is_online(m: ReLICModule) -> bool:
     return all(
         torch.equal(o, t)
         for o, t in zip([*m.backbone.state_dict().values(), *m.projector.state_dict().values()],
-                        [*m.target_encoder.state_dict().values(), *m.target_projector.state_dict().values()])
+                        [*m.target_encoder.state_dict().values(), *m.target_projector.state_dict().values()], strict=True)
     )
 
 
@@ -162,13 +163,13 @@ def test_beta_and_gamma_schedules_end_points_monotone_and_seed_formula() -> None
     total, beta0 = 50, 0.99
     betas = [cosine_beta(k, total, beta0) for k in range(total + 5)]
     assert betas[0] == pytest.approx(beta0) and betas[total] == pytest.approx(1.0) and betas[-1] == pytest.approx(1.0)
-    assert all(b2 >= b1 for b1, b2 in zip(betas, betas[1:]))
+    assert all(b2 >= b1 for b1, b2 in itertools.pairwise(betas))
     for k in (7, 25, 40):  # ReLIC/BYOL: 1 - (1 - b0) (cos(pi k / K) + 1) / 2
         assert betas[k] == pytest.approx(1 - (1 - beta0) * (math.cos(math.pi * k / total) + 1) / 2)
     steps, gamma0 = 30, 2.0
     gammas = [cosine_gamma(k, steps, gamma0) for k in range(steps + 5)]
     assert gammas[0] == pytest.approx(gamma0) and gammas[steps] == 0.0 and gammas[-1] == 0.0
-    assert all(g2 <= g1 for g1, g2 in zip(gammas, gammas[1:]))
+    assert all(g2 <= g1 for g1, g2 in itertools.pairwise(gammas))
     for k in (3, 15, 29):  # the seed's cosine_scaling_gamma(k, gamma0, 0, steps)
         assert gammas[k] == pytest.approx((math.cos(math.pi * k / steps) / 2 + 0.5) * gamma0)
     fixed = ReLICModule(backbone=TINY_BACKBONE, gamma=1.5, use_gamma_scaling=False, **QUIET)
@@ -264,7 +265,7 @@ def test_full_batch_negatives_give_the_whole_batch_gradients(mode: str) -> None:
     for name, p in chunked.named_parameters():
         if p.requires_grad:
             assert p.grad is not None and torch.allclose(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6), name
-    for (name, a), b in zip(chunked.named_buffers(), ref.buffers()):  # BN statistics updated once per chunk, not twice
+    for (name, a), b in zip(chunked.named_buffers(), ref.buffers(), strict=True):  # BN statistics updated once per chunk, not twice
         assert torch.allclose(a.float(), b.float(), atol=1e-6), name
 
 

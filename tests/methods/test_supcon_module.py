@@ -131,7 +131,7 @@ def test_without_probe_monitors_train_loss_and_trains(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, limit_train_batches=2, limit_val_batches=1)
     trainer.fit(model, datamodule=_dm())
     assert model.probe is None and trainer.checkpoint_callback.monitor == "train/loss"
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.backbone.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.backbone.parameters(), strict=True))
     with pytest.raises(ValueError, match="needs the online probe"):
         model.predict_step((torch.randn(2, 3, 32, 32), torch.tensor([0, 1])), 0)
 
@@ -219,7 +219,7 @@ def _knn_loop(train_x, train_y, query, c, k, t):
     out = []
     for q in query.tolist():
         qn = torch.tensor(q) / torch.tensor(q).norm()
-        sims = [(float(qn @ (torch.tensor(r) / torch.tensor(r).norm())), int(lab)) for r, lab in zip(train_x.tolist(), train_y)]
+        sims = [(float(qn @ (torch.tensor(r) / torch.tensor(r).norm())), int(lab)) for r, lab in zip(train_x.tolist(), train_y, strict=True)]
         sims.sort(key=lambda s: -s[0])
         scores = [0.0] * c
         for s, lab in sims[:k]:

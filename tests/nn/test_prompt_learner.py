@@ -171,7 +171,7 @@ def expected_prompt(pl: RankPromptLearner, table: torch.Tensor, tok, length: int
             body = [rank[t] for t in range(T)] + [ctx[i] for i in range(N)]
         else:
             body = [ctx[i] for i in range(N // 2)] + [rank[t] for t in range(T)] + [ctx[i] for i in range(N // 2, N)]
-        seq = [table[tok.sot_token_id].double()] + body + [table[period].double(), table[tok.eot_token_id].double()]
+        seq = [table[tok.sot_token_id].double(), *body, table[period].double(), table[tok.eot_token_id].double()]
         seq += [table[0].double()] * (length - len(seq))
         rows.append(torch.stack(seq))
     return torch.stack(rows)
@@ -233,7 +233,7 @@ def test_features_equal_open_clip_encode_text(tok, kind, position, truncate):
             "front": rank_ids[r] + ctx_ids,
             "middle": ctx_ids[:half] + rank_ids[r] + ctx_ids[half:],
         }[position]
-        seq = [tok.sot_token_id] + body + period + [tok.eot_token_id]
+        seq = [tok.sot_token_id, *body, *period, tok.eot_token_id]
         ids.append(seq + [0] * (CTX_LEN - len(seq)))
     ids = torch.tensor(ids)
     if position == "tail":  # the hand-built ids are what the tokenizer makes of the sentence
@@ -269,7 +269,7 @@ def test_init_names_and_context(tiny_clip, tok):
     names = [f"age {i}" for i in range(10)]  # R names -> B picked at round(linspace(0, 9, 3)) = 0, 4(4.5->4), 9
     pl = RankPromptLearner(tiny_clip, num_ranks=10, num_base_ranks=3, init_rank_names=names,
                            init_context="age estimation:", num_context_tokens=7, tokenizer=tok)
-    picked = [names[int(round(p))] for p in np.linspace(0, 9, 3)]
+    picked = [names[round(p)] for p in np.linspace(0, 9, 3)]
     T = max(len(tok.encode(n)) for n in picked)
     assert pl.num_tokens_per_rank == T
     for b, n in enumerate(picked):
@@ -380,7 +380,7 @@ def test_loss_bf16_stays_finite_and_float32():
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(16, 10, generator=g) * 100).bfloat16().requires_grad_(True)  # scale 1/0.01
     labels = torch.randint(0, 10, (16,), generator=g)
-    total, parts = ordinal_clip_loss(logits, labels)
+    total, _parts = ordinal_clip_loss(logits, labels)
     assert total.dtype == torch.float32 and torch.isfinite(total)
     total.backward()
     assert torch.isfinite(logits.grad.float()).all()
@@ -515,7 +515,7 @@ def test_load_clip_random_and_local_path(tiny_registered, tmp_path):
     ckpt = tmp_path / "weights.pt"
     torch.save(model.state_dict(), ckpt)
     model2, _ = load_clip("cloc-test-tiny", pretrained=str(ckpt))
-    for (k, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+    for (k, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
     with pytest.raises(ValueError, match="neither a known open_clip tag"):
         load_clip("cloc-test-tiny", pretrained=str(tmp_path / "missing.pt"))
@@ -551,6 +551,6 @@ def test_load_clip_cached_tag_loads_without_network(tiny_registered, monkeypatch
     (tiny_registered / "models--cloc-test--tiny-fake" / "refs").mkdir()
     (tiny_registered / "models--cloc-test--tiny-fake" / "refs" / "main").write_text("0" * 40)
     model, _ = load_clip("cloc-test-tiny", pretrained="fake", cache_dir=str(tiny_registered))
-    for (k, a), (_, b) in zip(ref.state_dict().items(), model.state_dict().items()):
+    for (k, a), (_, b) in zip(ref.state_dict().items(), model.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
     assert os.environ["HF_HUB_OFFLINE"] == "1"
