@@ -340,11 +340,12 @@ class BaseModule(L.LightningModule):
         trainer = self._trainer
         if trainer is None:
             return callbacks
+        current: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
         existing = trainer.checkpoint_callbacks
         if existing:  # checkpointing is enabled
             added: list[Callback] = []
             if all(_is_default_checkpoint(cb) for cb in existing):
-                trainer.callbacks = [cb for cb in trainer.callbacks if not _is_default_checkpoint(cb)]
+                current = [cb for cb in current if not _is_default_checkpoint(cb)]
                 added.append(
                     BestCheckpoint(
                         monitor=self.monitor,
@@ -353,7 +354,7 @@ class BaseModule(L.LightningModule):
                         auto_insert_metric_name=False,
                     )
                 )
-            elif not any(isinstance(cb, (LatestCheckpoint, BestCheckpoint)) for cb in trainer.callbacks):
+            elif not any(isinstance(cb, (LatestCheckpoint, BestCheckpoint)) for cb in current):
                 configured = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
                 tied = [cb for cb in configured if cb.save_last is True and cb.monitor is not None]
                 for cb in tied:
@@ -369,10 +370,11 @@ class BaseModule(L.LightningModule):
                     added.append(LatestCheckpoint(dirpath=None if dirpath is None else os.fspath(dirpath)))
             if added:
                 # checkpoints run after every other callback (Lightning's own ordering)
-                trainer.callbacks = [*trainer.callbacks, *added]
-        if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
+                current = [*current, *added]
+                trainer.callbacks = current  # type: ignore[attr-defined]
+        if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in current):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
-        if not any(isinstance(cb, ResumeState) for cb in trainer.callbacks):
+        if not any(isinstance(cb, ResumeState) for cb in current):
             callbacks.append(ResumeState())
         return callbacks
 

@@ -211,7 +211,10 @@ class CLOCModule(ClassifierModule):
         from cloc_lightning.callbacks.cloc import CLOCMarginPlot
 
         callbacks = super().configure_callbacks()
-        if self._trainer is not None and not any(isinstance(cb, CLOCMarginPlot) for cb in self.trainer.callbacks):
+        if self._trainer is None:
+            return callbacks
+        configured: list[Any] = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
+        if not any(isinstance(cb, CLOCMarginPlot) for cb in configured):
             callbacks.append(CLOCMarginPlot())
         return callbacks
 
@@ -242,14 +245,19 @@ class CLOCModule(ClassifierModule):
         if not dist_utils.is_distributed():
             return
         params = [p for p in self.cloc_loss.parameters() if p.requires_grad]
+        grads = []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        dist_utils.all_reduce_mean_([p.grad for p in params])
+            grads.append(p.grad)
+        dist_utils.all_reduce_mean_(grads)
 
     def cloc_embedding(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """What the CLOC loss sees: the logits, or the (projected) features."""
-        return logits if self.hparams.cloc_on == "logits" else self.projector(features)
+        if self.hparams.cloc_on == "logits":
+            return logits
+        projected: torch.Tensor = self.projector(features)
+        return projected
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """What the CLOC loss sees for images ``x`` (logits or projected features)."""
@@ -262,7 +270,7 @@ class CLOCModule(ClassifierModule):
         logits = self.head(features)
         ce = F.cross_entropy(logits.float(), y)
         cloc = self.cloc_loss(self.cloc_embedding(features, logits), y)
-        loss = ce + self.hparams.loss_weight * cloc
+        loss: torch.Tensor = ce + self.hparams.loss_weight * cloc
         n = y.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/ce", ce, batch_size=n)
@@ -281,7 +289,7 @@ class CLOCModule(ClassifierModule):
 def _remove_params_from_optimizer(trainer: Any, params: list[nn.Parameter]) -> None:
     """Drop ``params`` (and their state) from every optimiser; empty groups go, with their scheduler entries."""
     ids = {id(p) for p in params}
-    for opt_idx, opt in enumerate(trainer.optimizers):
+    for opt in trainer.optimizers:
         removed: list[int] = []
         for gi, group in enumerate(opt.param_groups):
             kept = [p for p in group["params"] if id(p) not in ids]
@@ -295,12 +303,13 @@ def _remove_params_from_optimizer(trainer: Any, params: list[nn.Parameter]) -> N
             del opt.param_groups[gi]
         if not removed:
             continue
+        n_groups = len(opt.param_groups)
         for cfg in trainer.lr_scheduler_configs:
             sched = cfg.scheduler
             if getattr(sched, "optimizer", None) is not opt:
                 continue
             for attr in ("base_lrs", "_last_lr", "lr_lambdas"):
                 seq = getattr(sched, attr, None)
-                if isinstance(seq, list) and len(seq) == len(opt.param_groups) + len(removed):
+                if isinstance(seq, list) and len(seq) == n_groups + len(removed):
                     for gi in reversed(removed):
                         del seq[gi]
