@@ -1,9 +1,10 @@
-"""Network building blocks: timm backbones, projection heads, probes, the OrdinalCLIP text side and prototypes."""
+"""Network building blocks: timm backbones, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
 
 from cloc_lightning.nn.backbones import apply_cifar_stem, create_backbone, infer_feature_dim
+from cloc_lightning.nn.ema import EMATarget, copy_module_state_, cosine_beta, ema_update_
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.hub import PretrainedUnavailableError, load_pretrained
-from cloc_lightning.nn.online_probe import OnlineLinearProbe, knn_accuracy, knn_predict
+from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, knn_accuracy, knn_predict
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights
 from cloc_lightning.nn.prototypes import (
     ENCODER_BUILDERS,
@@ -24,9 +25,15 @@ __all__ = [
     "MLPHead",
     "PretrainedUnavailableError",
     "load_pretrained",
+    # pre-training components: online evaluation (linear probe + kNN) and the EMA target
+    "OnlineEvaluator",
     "OnlineLinearProbe",
     "knn_accuracy",
     "knn_predict",
+    "EMATarget",
+    "ema_update_",
+    "copy_module_state_",
+    "cosine_beta",
     # OrdinalCLIP: text side (frozen text encoder, rank prompt learner)
     "FrozenTextEncoder",
     "RankPromptLearner",
