@@ -331,10 +331,10 @@ class BaseModule(L.LightningModule):
         Checkpoint callbacks are put on the trainer directly rather than returned: Lightning
         drops every trainer callback of a type that ``configure_callbacks`` returns, which would
         discard checkpoints you configured (and print a misleading "will override" notice).
-        :class:`~cloc_lightning.callbacks.resume.ResumeState` makes resumed fits exact.
+        :class:`~cloc_lightning.resume.ResumeState` makes resumed fits exact.
         """
         from cloc_lightning.callbacks.checkpoint import BestCheckpoint, LatestCheckpoint
-        from cloc_lightning.callbacks.resume import ResumeState
+        from cloc_lightning.resume import ResumeState
 
         callbacks: list[Callback] = []
         trainer = self._trainer
