@@ -126,7 +126,7 @@ _QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summ
 # split, validation after every epoch and test on the best-validation checkpoint (val/mae);
 # CLOC learns its margins in epochs 0-9 and the configs' CLOCMarginFreeze fixes them at
 # epoch 10.  The scale list repeats the configs' values, so a later config edit cannot
-# change the table silently (tests/test_experiments.py checks they agree).
+# change the table silently (tests/benchmarks/test_experiments.py checks they agree).
 # The seed's CLOC (official reduction on logits, lambda 1) keeps the CLOC term at about
 # 1-2 % of the loss; the `mean` rows divide each anchor's sum by |P|*|N| instead of
 # |P|*|N|^2 (about x50 at batch 64), so the term is a real share of the objective.

@@ -176,7 +176,7 @@ def _peak_torch_cpu_of(fn: Callable[[], Any]) -> float:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     # the raw allocator events (signed byte counts) are only reachable through the profiler's
-    # kineto results (``prof.events()`` folds most of them into the ops); checked by tests/test_bench_harness.py
+    # kineto results (``prof.events()`` folds most of them into the ops); checked by tests/benchmarks/test_bench_harness.py
     cpu = torch._C._autograd.DeviceType.CPU
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == cpu]
     running = peak = 0

@@ -23,8 +23,8 @@ callback states.  What they lack, and where this module puts it back:
 
 Every :class:`~cloc_lightning.methods.base.BaseModule` adds :class:`ResumeState`
 (``configure_callbacks``) and every data module builds its training loader from
-:class:`ResumableDataLoader` and :class:`EpochShuffleSampler`.  ``tests/test_reliability.py``
-checks the whole chain with ``num_workers: 0``, ``tests/test_exact_resume_workers.py`` with
+:class:`ResumableDataLoader` and :class:`EpochShuffleSampler`.  ``tests/test_reliability_checkpoints.py``
+checks the whole chain with ``num_workers: 0``, ``tests/data/test_exact_resume_workers.py`` with
 2 workers.  Custom transforms must draw from torch's generator (all torchvision v2
 transforms do) for this to hold.
 """

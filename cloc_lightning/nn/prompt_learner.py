@@ -95,7 +95,7 @@ def rank_interpolation_weights(
     a normal float32 the two agree to float32 rounding (<= 4e-5, from the base positions
     ``linspace(0, R-1, B)`` rounded to float32 there); where it is subnormal the reference's
     weights are quantised (off by up to ~2e-2). ``linear`` and ``inv_prop`` agree with the
-    reference to ~1e-6. Test: ``tests/test_fidelity_ordinal_clip.py``.
+    reference to ~1e-6. Test: ``tests/fidelity/test_fidelity_ordinal_clip.py``.
 
     Args:
         num_ranks: R >= 2.
