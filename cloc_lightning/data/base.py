@@ -351,7 +351,8 @@ class BaseDataModule(L.LightningDataModule):
             ``main_supcon.py``; ``MultiCropViews.global_scale`` / ``local_scale``).
         train_views: multi-view hook; e.g. ``SupConViews(n_views=2)`` or
             ``MultiCropViews(2, 6)``; ``None`` = single view.
-        mean, std: normalisation (default: the data module's own, ImageNet's here).
+        mean: per-channel normalisation mean (default: the data module's own, ImageNet's here).
+        std: per-channel normalisation standard deviation (default as ``mean``).
         few_shot: keep at most this many training images per class (the first ones
             in a fixed hash order, so the subset is the same for every seed).
         train_fraction: keep this fraction of every training class (hash order).

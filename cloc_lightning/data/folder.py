@@ -58,7 +58,9 @@ class ImageFolderDataModule(BaseDataModule):
             data (e.g. ``['young', 'adult', 'old']``). Default: sorted folder names.
         val_fraction: held-out share of ``train`` when there is no ``val`` folder.
         split_fractions: ``(train, val, test)`` for the single-pool layout.
-        train_dir, val_dir, test_dir: split folder names.
+        train_dir: name of the training split's folder under ``root``.
+        val_dir: name of the validation split's folder (absent: ``val_fraction`` of train).
+        test_dir: name of the test split's folder.
         **kwargs: :class:`BaseDataModule` arguments.
 
     Example: the CIFAR-10 JPEG copy in ``../shared/data/cifar10`` (``train/``, ``test/``).
@@ -163,7 +165,9 @@ class CSVDataModule(BaseDataModule):
     Args:
         csv_path: the CSV file (with a header row).
         root: base folder of relative paths (default: the CSV's folder).
-        path_column, label_column, split_column: column names.
+        path_column: name of the column holding the image paths.
+        label_column: name of the column holding the labels.
+        split_column: name of the optional column holding each row's split.
         task: ``'ordinal'`` or ``'nominal'``.
         class_names: label names in class order (string labels) or display names.
         num_classes: the number of classes; set it to accept classes without images

@@ -93,7 +93,9 @@ class OrdinalShapesDataModule(BaseDataModule):
 
     Args:
         num_classes: number of ranks (1..num_classes objects).
-        train_size, val_size, test_size: images per split (balanced classes).
+        train_size: images in the training split (balanced classes).
+        val_size: images in the validation split (balanced classes).
+        test_size: images in the test split (balanced classes).
         noise: standard deviation of the background noise (0..255 scale).
         data_seed: seed of the generator (splits use ``data_seed``, ``+1``, ``+2``).
         **kwargs: :class:`BaseDataModule` arguments (``batch_size``, ``image_size``

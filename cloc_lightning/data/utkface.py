@@ -76,7 +76,8 @@ class UTKFaceDataModule(BaseDataModule):
             raw ages clipped to ``[min_age, max_age]`` as ranks ``age - min_age``.
         age_bins: sorted lower edges of the age groups, starting at 0; default
             :data:`DEFAULT_AGE_BINS` (8 groups).
-        min_age, max_age: rank range for ``label_mode='age'``.
+        min_age: lowest age (rank 0) for ``label_mode='age'``.
+        max_age: highest age (the last rank) for ``label_mode='age'``.
         split_fractions: ``(train, val, test)`` fractions of the hash split.
         split_salt: change to draw a different (still deterministic) split.
         test_root: evaluate on another folder of UTKFace files; ``root`` is then

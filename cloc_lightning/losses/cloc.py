@@ -596,7 +596,9 @@ class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # the reference's
             (``v`` or ``None``) or ``[['fixed', v]]``; ``v`` is the margin itself.
         summaryWriter: optional ``SummaryWriter``; logs ``Margin`` when ``step`` is given
             (works without a writer, unlike the reference).
-        reduction, gather_distributed, check_finite: as in :class:`OrdinalContrastiveLoss_mm`.
+        reduction: as in :class:`OrdinalContrastiveLoss_mm`.
+        gather_distributed: as in :class:`OrdinalContrastiveLoss_mm`.
+        check_finite: as in :class:`OrdinalContrastiveLoss_mm`.
 
     Attributes:
         distance: raw margin [1]; an ``nn.Parameter`` when learnable, a buffer when fixed

@@ -528,8 +528,10 @@ class SigmoidContrastiveLoss(Loss):
             overrides it per call, so a training module can schedule gamma.
         learnable: ``tau`` and ``b`` are ``nn.Parameter`` s (default); else buffers (still
             in ``state_dict``).
-        penalty_filtering, filtering_warmup_steps, filtering_threshold: see
+        penalty_filtering: see
             :func:`sigmoid_contrastive_loss`.
+        filtering_warmup_steps: see ``penalty_filtering``.
+        filtering_threshold: see ``penalty_filtering``.
         gather_distributed: score local rows against the global batch under DDP.
 
     Shapes:

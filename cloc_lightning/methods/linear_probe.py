@@ -64,10 +64,15 @@ class LinearProbeModule(ClassifierModule):
         encoder_info: set automatically (the architecture read from ``encoder_ckpt``,
             stored so that this module's own checkpoints reload without the stage-one
             file); leave unset.
-        optimizer, lr, weight_decay, momentum, scheduler, warmup_epochs: as
+        optimizer: as
             :class:`~cloc_lightning.methods.base.BaseModule`, with SupContrast
             ``main_linear.py``'s defaults: SGD, momentum 0.9, no weight decay, lr 0.1
             (its README: 5 for SupCon, 1 for SimCLR at batch 512).
+        lr: see ``optimizer``.
+        weight_decay: see ``optimizer``.
+        momentum: see ``optimizer``.
+        scheduler: see ``optimizer``.
+        warmup_epochs: see ``optimizer``.
         **kwargs: other :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
             (``task``, ``lr_milestones``, ``lr_gamma``, ``min_lr_ratio``, ``init_from``, ...).
 

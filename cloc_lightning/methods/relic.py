@@ -120,8 +120,10 @@ class ReLICModule(PretrainModule):
         init_b: initial logit bias (the seed: -5).
         max_tau: clamp of the logit scale ``exp(tau)`` (the seed: 5).
         learnable_tau_b: learn ``tau`` and ``b`` (the seed does).
-        penalty_filtering, filtering_warmup_steps, filtering_threshold: the loss's
+        penalty_filtering: the loss's
             negative filtering (see :func:`~cloc_lightning.losses.sigmoid.sigmoid_contrastive_loss`).
+        filtering_warmup_steps: see ``penalty_filtering``.
+        filtering_threshold: see ``penalty_filtering``.
         mini_batch_size: split every batch into chunks of this size (must divide the
             batch); ``None`` = no splitting.
         negatives: ``'mini_batch'`` or ``'full_batch'`` (see above; only with ``mini_batch_size``).
@@ -130,10 +132,15 @@ class ReLICModule(PretrainModule):
         online_probe_lr: the probe's learning rate (``None`` = ``lr``; the default 0.01
             suits Adam on L2-normalised features).
         knn_k: neighbours of the kNN monitor (0 disables it).
-        backbone, cifar_stem, optimizer, lr, weight_decay, scheduler: as
+        backbone: as
             :class:`~cloc_lightning.methods.base.BaseModule`, with the seed's defaults:
             ResNet-18, Adam, lr 3e-4, weight decay 1e-5 (also on ``tau`` and ``b``, as the
             seed), constant learning rate.
+        cifar_stem: see ``backbone``.
+        optimizer: see ``backbone``.
+        lr: see ``backbone``.
+        weight_decay: see ``backbone``.
+        scheduler: see ``backbone``.
         **kwargs: :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
             online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_bank_size``,
             ``knn_temperature``) and other :class:`~cloc_lightning.methods.base.BaseModule`

@@ -64,11 +64,18 @@ class SupConModule(PretrainModule):
         projector_dim: output dimension of the projector (128 in the paper).
         gather_distributed: under DDP, contrast against the global batch (features
             all-gathered with gradients); a no-op on one process.
-        backbone, cifar_stem, optimizer, lr, weight_decay, momentum, scheduler,
-            warmup_epochs, min_lr_ratio: as :class:`~cloc_lightning.methods.base.BaseModule`,
+        backbone: as :class:`~cloc_lightning.methods.base.BaseModule`,
             with SupContrast's defaults: SGD (momentum 0.9, weight decay 1e-4), lr 0.05
             (its default for batch 256), cosine to ``lr * 1e-3`` after a linear warm-up
             (SupContrast's exact schedule and initialisation: ``docs/methods/supcon.md``).
+        cifar_stem: see ``backbone``.
+        optimizer: see ``backbone``.
+        lr: see ``backbone``.
+        weight_decay: see ``backbone``.
+        momentum: see ``backbone``.
+        scheduler: see ``backbone``.
+        warmup_epochs: see ``backbone``.
+        min_lr_ratio: see ``backbone``.
         **kwargs: :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
             online probe: ``num_classes``, ``task``, ``online_probe``, ``online_probe_lr``,
             ``knn_k``, ...) and other :class:`~cloc_lightning.methods.base.BaseModule` ones
