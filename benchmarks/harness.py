@@ -1,6 +1,6 @@
 """Shared measurement harness for ``benchmarks/``.
 
-Rules every benchmark here follows (the numbers in README come from them):
+Rules every benchmark here follows (the numbers in docs/benchmarks.md come from them):
 
 * **Side by side in one process**: the implementations being compared are timed
   in the same process, interleaved repeat by repeat (A B C, B C A, C A B, ...),

@@ -96,6 +96,13 @@ def _execute(path: Path) -> Path:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    note = nbformat.v4.new_markdown_cell(
+        f"*This page is `notebooks/{path.name}`, executed when the site was built, on the built-in data at the "
+        "notebook's tiny size (`CLOC_NOTEBOOK_TINY=1`). Run it yourself for the full size or on the real data "
+        "(`CLOC_NOTEBOOK_DATA=auto`); its first cells say how.*"
+    )
+    first_md = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
+    nb.cells.insert(first_md, note)
     dest = _workdir / key[:12] / "notebooks" / path.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(dest))

@@ -1,6 +1,6 @@
 """Helpers of the reliability tests (``tests/*/test_reliability_*.py``): small modules, data, fits, kill and resume.
 
-The README table "input / fault -> what happens" has one test (or parametrised test) per row, each in the
+The table in docs/reliability.md "input / fault -> what happens" has one test (or parametrised test) per row, each in the
 subpackage of the component it exercises; the kill/resume helpers serve ``tests/data/test_exact_resume_workers.py`` too.
 """
 

@@ -1,4 +1,4 @@
-"""The package's layering (README "Architecture"): a module imports only from its own layer and the layers below."""
+"""The package's layering (docs/extending.md, "Architecture"): a module imports only from its own layer and the layers below."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_imports_point_down() -> None:
             for target in targets:
                 if target.startswith("cloc_lightning.") and _layer(target) < _layer(module):
                     upward.append(f"{module}:{node.lineno} imports {target}")
-    assert not upward, "imports that point up the layers (see README 'Architecture'):\n" + "\n".join(upward)
+    assert not upward, "imports that point up the layers (see docs/extending.md, Architecture):\n" + "\n".join(upward)
 
 
 def test_every_module_has_a_layer() -> None:

@@ -405,7 +405,7 @@ def test_every_module_pickles(tmp_path: Path, name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# the command line with strategy='ddp' (README: multi-GPU); a subprocess, so Lightning relaunches the CLI, not pytest
+# the command line with strategy='ddp' (docs/distributed.md); a subprocess, so Lightning relaunches the CLI, not pytest
 # --------------------------------------------------------------------------------------------
 
 
