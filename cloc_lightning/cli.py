@@ -13,8 +13,13 @@
 Every subclass of :class:`~cloc_lightning.methods.base.BaseModule` and
 :class:`~cloc_lightning.data.base.BaseDataModule` that is imported is selectable by
 name with ``--model`` / ``--data`` (or ``class_path`` in YAML), including your
-own classes: ``--model my_project.MyCLOC``.  The sub-commands ``probe`` and ``export-prototypes``
-live in :mod:`cloc_lightning.commands`; the guide is ``docs/cli.md``.
+own classes: ``--model my_project.MyCLOC``.  The sub-commands ``probe``, ``export-prototypes`` and
+``configs`` (list, show, copy the shipped YAML configs) live in :mod:`cloc_lightning.commands`; the
+guide is ``docs/cli.md``.
+
+``--config configs/cloc/demo.yaml`` (or ``-c``, ``--config=...``) where no such file exists, e.g. after
+a wheel install outside the repository, uses the config shipped in the package and says so on
+stderr (:func:`packaged_config_fallback`).
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning.callbacks import PredictionWriter
 from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.commands import COMMANDS
+from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
 
-__all__ = ["CLOCLightningCLI", "main", "EXTRA_COMMANDS", "find_last_checkpoint"]
+__all__ = ["CLOCLightningCLI", "main", "EXTRA_COMMANDS", "find_last_checkpoint", "packaged_config_fallback"]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -46,7 +52,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     },
 }
 
-#: the sub-commands beside LightningCLI's (``probe``, ``export-prototypes``): the registry of
+#: the sub-commands beside LightningCLI's (``probe``, ``export-prototypes``, ``configs``): the registry of
 #: :mod:`cloc_lightning.commands` (this name is kept for older code that registers commands here)
 EXTRA_COMMANDS: dict[str, Callable[[list[str] | None], Any]] = COMMANDS
 
@@ -275,7 +281,8 @@ def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
 
 
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
-_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, FloatingPointError, RuntimeError, ImportError)
+_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, FloatingPointError,
+                RuntimeError, ImportError)
 
 
 def library_error(exc: BaseException) -> BaseException | None:
@@ -307,20 +314,52 @@ def _raised_in_package(exc: BaseException) -> bool:
     return os.path.dirname(os.path.abspath(__file__)) in os.path.abspath(filename)
 
 
+def packaged_config_fallback(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config X`` / ``-c X`` / ``--config=X`` that names no file but a shipped config replaced by its path.
+
+    After a wheel install, the README's ``cloc-lightning fit --config configs/cloc/demo.yaml``
+    runs anywhere: ``configs/cloc/demo.yaml`` does not exist outside the repository, so the
+    packaged copy is used and one line on stderr says so.  Which values count as a shipped
+    config: :func:`cloc_lightning.configs.packaged_config_for` (relative paths like
+    ``configs/cloc/demo.yaml``, ``cloc/demo.yaml``, ``cloc/demo``).  Existing files and
+    anything else are left alone, so a missing file of your own fails as before.
+    """
+    out = list(argv)
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            at, prefix, value = i + 1, "", argv[i + 1]
+        elif arg.startswith("--config="):
+            at, prefix, value = i, "--config=", arg.split("=", 1)[1]
+        else:
+            continue
+        cfg = packaged_config_for(value)
+        if cfg is None:
+            continue
+        out[at] = prefix + str(cfg.path)
+        if all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID")):
+            print(f"cloc-lightning: --config {value}: no such file here; using the packaged config {cfg.name} ({cfg.path})",
+                  file=sys.stderr, flush=True)
+    return out
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``cloc-lightning`` and ``python -m cloc_lightning``.
 
     Errors that the library raises with a message naming the fix are printed as one short
-    ``error:`` line (exit code 1); ``--debug`` anywhere on the command line (or
-    ``CLOC_LIGHTNING_DEBUG=1``) shows the full traceback instead.
+    ``error:`` line (exit code 1), for LightningCLI's sub-commands and the extra ones
+    (:data:`EXTRA_COMMANDS`) alike; ``--debug`` anywhere on the command line (or
+    ``CLOC_LIGHTNING_DEBUG=1``) shows the full traceback instead.  A ``--config`` naming a
+    shipped config that is not a file here uses the packaged file (:func:`packaged_config_fallback`).
     """
     argv = sys.argv[1:] if args is None else list(args)
     debug = "--debug" in argv or os.environ.get("CLOC_LIGHTNING_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
-    if argv and argv[0] in EXTRA_COMMANDS:
-        EXTRA_COMMANDS[argv[0]](argv[1:])
-        return
     try:
+        if not argv or argv[0] != "configs":
+            argv = packaged_config_fallback(argv)
+        if argv and argv[0] in EXTRA_COMMANDS:
+            EXTRA_COMMANDS[argv[0]](argv[1:])
+            return
         if args is None:  # console use: LightningCLI reads sys.argv (warns when given both)
             sys.argv = sys.argv[:1] + argv
         CLOCLightningCLI(
