@@ -1,0 +1,1 @@
+"""Packaging tests: the built sdist and wheel, installed into a fresh venv."""
