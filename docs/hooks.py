@@ -17,9 +17,11 @@ The notebook step runs before mkdocs-jupyter looks at the files (``event_priorit
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +40,7 @@ SERVED = {"benchmarks/results": (".md", ".png", ".svg")}
 CELL_TIMEOUT = 600
 
 _workdir = Path(tempfile.mkdtemp(prefix="cloc-docs-"))
+atexit.register(shutil.rmtree, _workdir, ignore_errors=True)  # executed copies and the notebooks' runs
 _executed: dict[str, Path] = {}  # content hash -> executed copy (reused by `mkdocs serve` rebuilds)
 
 
