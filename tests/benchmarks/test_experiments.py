@@ -114,7 +114,7 @@ def test_quick_cifar10_random_encoder_probe(tmp_path) -> None:
     (run,) = payload["runs"]
     assert run["ok"], run.get("log_tail")
     top1 = run["metrics"]["probe/top1"]
-    assert 0.0 <= top1 <= 1.0 and run["probe"]["n_features"] == 96
+    assert 0.0 <= top1 <= 1.0 and run["probe"]["n_features"] == 512  # the table's random_backbone: resnet18
     md = (tmp_path / "out" / "cifar10.md").read_text()
     assert "Random-init encoder" in md and "QUICK" in md
 
@@ -161,6 +161,37 @@ def test_epoch_series_joins_the_parts_of_a_resumed_run(tmp_path) -> None:
     _write_csv(tmp_path / "metrics.csv", [{"epoch": e, "step": e, "val/qwk": 0.5 + e} for e in (2, 3)])
     assert [p.name for p in metric_files(tmp_path)] == ["metrics.part0.csv", "metrics.csv"]
     assert epoch_series(tmp_path, ["val/qwk", "val/mae"]) == {"val/qwk": {0: 0.0, 1: 0.1, 2: 2.5, 3: 3.5}}
+
+
+def test_curve_metric_alternatives_take_the_key_each_run_logged(tmp_path) -> None:
+    from benchmarks.experiments import CIFAR10, _curves
+
+    (spec, _), = CIFAR10.curve_metrics
+    assert spec == "val/online_probe/acc|val/acc"
+    pre, ce, both = tmp_path / "pre", tmp_path / "ce", tmp_path / "both"
+    for d in (pre, ce, both):
+        d.mkdir()
+    _write_csv(pre / "metrics.csv", [{"epoch": e, "step": e, "val/online_probe/acc": 0.1 * e} for e in range(3)])
+    _write_csv(ce / "metrics.csv", [{"epoch": e, "step": e, "val/acc": 0.5 + e} for e in range(2)])
+    _write_csv(both / "metrics.csv", [{"epoch": 0, "step": 0, "val/online_probe/acc": 0.2, "val/acc": 0.9}])
+    assert _curves(CIFAR10, pre) == {spec: [[0, 0.0], [1, 0.1], [2, 0.2]]}
+    assert _curves(CIFAR10, ce) == {spec: [[0, 0.5], [1, 1.5]]}
+    assert _curves(CIFAR10, both) == {spec: [[0, 0.2]]}  # the first alternative wins
+    _write_csv(ce / "metrics.csv", [{"epoch": 0, "step": 0, "train/loss": 1.0}])
+    assert _curves(CIFAR10, ce) == {}
+
+
+def test_cifar10_table_scale_fits_the_issue() -> None:
+    """ResNet-18 (standard stem) for >= 30 epochs on the full training split, validated every epoch."""
+    from benchmarks.experiments import CIFAR10
+
+    sc = dict(zip(CIFAR10.scale[::2], CIFAR10.scale[1::2], strict=True))
+    assert sc["--model.backbone"] == "resnet18" and sc["--model.cifar_stem"] == "false"
+    assert int(sc["--trainer.max_epochs"]) >= 30 and float(sc["--data.train_fraction"]) == 1.0
+    assert sc["--trainer.check_val_every_n_epoch"] == "1" and CIFAR10.random_backbone == "resnet18"
+    relic = {r.key: r for r in CIFAR10.rows}["relic_scheduled"]
+    steps = int(relic.overrides[relic.overrides.index("--model.gamma_scaling_steps") + 1])
+    assert steps == int(sc["--trainer.max_epochs"]) * (8100 // 128)  # the whole run's optimiser steps
 
 
 def test_paired_differences_use_matching_seeds_only() -> None:
