@@ -1,6 +1,38 @@
-"""``python -m cloc_lightning`` = the ``cloc-lightning`` command."""
+"""``python -m cloc_lightning`` = the ``cloc-lightning`` command (its console-script entry point too).
 
-from cloc_lightning.cli import main
+``cloc-lightning configs ...`` needs neither torch nor Lightning, so it is answered here without
+importing them (a fraction of a second instead of several seconds); every other command goes to
+:func:`cloc_lightning.cli.main`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``cloc-lightning``: the ``configs`` command directly, everything else through the CLI."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["configs"]:
+        from cloc_lightning.configs import configs_main
+
+        debug = "--debug" in argv or os.environ.get("CLOC_LIGHTNING_DEBUG", "") not in ("", "0")
+        try:
+            configs_main([a for a in argv[1:] if a != "--debug"])
+        except BrokenPipeError:  # `cloc-lightning configs list | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError) as e:
+            if debug:
+                raise
+            print(f"cloc-lightning: error: {e}\n(--debug shows the traceback)", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        return
+    from cloc_lightning.cli import main as cli_main
+
+    cli_main(args)
+
 
 if __name__ == "__main__":
     main()

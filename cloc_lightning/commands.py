@@ -16,9 +16,7 @@ import argparse
 import json
 import math
 import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +24,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from torch import nn
 
 import cloc_lightning.data  # noqa: F401  (registers the data modules for --data)
-from cloc_lightning.configs import ShippedConfig, copy_config, find_config, list_configs
+from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototypes import PrototypeClassifier
@@ -144,73 +142,6 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
         f"{float(values[0]):g}..{float(values[-1]):g}"
     )
     return clf
-
-
-# ---------------------------------------------------------------- configs
-_CONFIGS_EPILOG = """\
-NAME is a config's path under configs/ without the suffix: cloc/demo (also cloc/demo.yaml or
-configs/cloc/demo.yaml).  Run one as it is, or copy it and edit:
-  cloc-lightning fit --config "$(cloc-lightning configs path cloc/demo)"
-  cloc-lightning configs copy cloc/demo && cloc-lightning fit --config demo.yaml
-"""
-
-
-def configs_main(argv: list[str] | None = None) -> list[ShippedConfig] | str | Path:
-    """List, show, copy or locate the shipped YAML configs (configs list|show|copy|path NAME).
-
-    ::
-
-        cloc-lightning configs list [--group GROUP]
-        cloc-lightning configs show NAME
-        cloc-lightning configs copy NAME [DEST] [--force]
-        cloc-lightning configs path NAME
-
-    ``NAME`` is ``cloc/demo``, ``cloc/demo.yaml`` or ``configs/cloc/demo.yaml``; the configs are
-    the repository's ``configs/`` folder, carried in the wheel as package data
-    (:mod:`cloc_lightning.configs`).  ``copy`` writes ``DEST/demo.yaml`` (the file's own name)
-    when ``DEST`` is a folder (default: the current one) or the file ``DEST`` otherwise, and
-    never overwrites an existing file without ``--force``.  Returns the configs listed, the YAML shown or the path
-    copied to / printed.  Unknown names raise
-    :class:`~cloc_lightning.configs.ConfigNotFoundError` with the closest names (one
-    ``cloc-lightning: error:`` line, exit code 1, from the command line).
-    """
-    parser = argparse.ArgumentParser(
-        prog="cloc-lightning configs",
-        description="The YAML configs shipped with cloc-lightning (the repository's configs/ folder, packaged in the wheel).",
-        epilog=_CONFIGS_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="action", metavar="{list,show,copy,path}")
-    sub.required = True
-    p_list = sub.add_parser("list", help="every config name with a one-line description from its header comment")
-    p_list.add_argument("--group", default=None, help="only this folder's configs (cloc, ce, relic, supcon, ...)")
-    p_show = sub.add_parser("show", help="print a config's YAML")
-    p_show.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
-    p_copy = sub.add_parser("copy", help="write a config to a folder (default: the current one) or a file, to edit it")
-    p_copy.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
-    p_copy.add_argument("dest", nargs="?", default=".", help="a folder (the file keeps its name) or a file path; default '.'")
-    p_copy.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p_path = sub.add_parser("path", help="print the config file's path (for --config \"$(cloc-lightning configs path NAME)\")")
-    p_path.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
-    args = parser.parse_args(argv)
-
-    if args.action == "list":
-        configs = list_configs(args.group)
-        width = max(len(c.name) for c in configs) + 2
-        print("\n".join(f"{c.name:<{width}}{c.description}".rstrip() for c in configs))
-        return configs
-    if args.action == "show":
-        text = find_config(args.name).text()
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return text
-    if args.action == "copy":
-        cfg = find_config(args.name)
-        target = copy_config(cfg.name, args.dest, force=args.force)
-        print(f"copied {cfg.name} to {target} (edit it, then give it to --config)")
-        return target
-    path = find_config(args.name).path
-    print(path)
-    return path
 
 
 #: the sub-commands of ``cloc-lightning`` beside LightningCLI's (name -> ``command(argv)``); the

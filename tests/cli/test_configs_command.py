@@ -224,3 +224,39 @@ def test_missing_config_that_is_not_shipped_fails_as_before(capsys: pytest.Captu
     code, _, err = run(["fit", "--config", "configs/cloc/missing.yaml"], capsys)
     assert code != 0
     assert "configs/cloc/missing.yaml" in err and "packaged config" not in err
+
+
+# ----------------------------------------------------------------------------- the console entry point
+def _entry(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """``python -c 'cloc_lightning.__main__.main(args)'`` (the console script's function) in a fresh interpreter."""
+    import os
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from cloc_lightning.__main__ import main\n"
+        f"try:\n    main({args!r})\nfinally:\n"
+        "    print('IMPORTED', sorted(m for m in ('torch', 'lightning', 'jsonargparse') if m in sys.modules), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_entry_point_answers_configs_without_importing_torch(tmp_path: Path) -> None:
+    rc, out, err = _entry(["configs", "list", "--group", "cloc"], tmp_path)
+    assert rc == 0, err
+    assert out.splitlines()[0].startswith("cloc/demo") and "IMPORTED []" in err
+    rc, out, err = _entry(["configs", "show", "cloc/dmeo"], tmp_path)  # an unknown name: one error line, exit 1
+    assert rc == 1 and out == ""
+    assert "cloc-lightning: error: no shipped config named 'cloc/dmeo'; did you mean cloc/demo" in err
+    assert "Traceback" not in err and "IMPORTED []" in err
+    rc, out, err = _entry(["configs", "copy", "cloc/demo", "--debug"], tmp_path)
+    assert rc == 0 and (tmp_path / "demo.yaml").is_file()
+    rc, out, err = _entry(["configs", "copy", "cloc/demo", "--debug"], tmp_path)  # exists: --debug shows the traceback
+    assert rc == 1 and "Traceback" in err and "FileExistsError" in err
+
+
+def test_entry_point_hands_other_commands_to_the_cli(tmp_path: Path) -> None:
+    rc, _out, err = _entry(["fit", "--config", "configs/cloc/nope.yaml"], tmp_path)
+    assert rc != 0 and "'torch'" in err.split("IMPORTED", 1)[1]  # the LightningCLI path ran

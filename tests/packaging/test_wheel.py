@@ -142,7 +142,7 @@ def test_wheel_holds_every_module_and_config(built: Built) -> None:
     with zipfile.ZipFile(built.wheel) as whl:
         assert whl.read("cloc_lightning/_configs/cloc/demo.yaml") == (REPO / "configs" / "cloc" / "demo.yaml").read_bytes()
         entry_points = whl.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert "cloc-lightning = cloc_lightning.cli:main" in entry_points
+    assert "cloc-lightning = cloc_lightning.__main__:main" in entry_points
 
 
 def test_sdist_carries_the_configs_and_the_build_hook(built: Built) -> None:
