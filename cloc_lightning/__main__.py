@@ -15,9 +15,10 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of ``cloc-lightning``: the ``configs`` command directly, everything else through the CLI."""
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["configs"]:
+        from cloc_lightning._logging import debug_requested, exit_with_error
         from cloc_lightning.configs import configs_main
 
-        debug = "--debug" in argv or os.environ.get("CLOC_LIGHTNING_DEBUG", "") not in ("", "0")
+        debug = debug_requested(argv)
         try:
             configs_main([a for a in argv[1:] if a != "--debug"])
         except BrokenPipeError:  # `cloc-lightning configs list | head`: the reader left; say nothing more
@@ -26,8 +27,7 @@ def main(args: list[str] | None = None) -> None:
         except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError) as e:
             if debug:
                 raise
-            print(f"cloc-lightning: error: {e}\n(--debug shows the traceback)", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
+            exit_with_error(e)
         return
     from cloc_lightning.cli import main as cli_main
 

@@ -35,6 +35,7 @@ from lightning.pytorch.cli import LightningCLI
 
 import cloc_lightning.data  # registers the data modules (also imported for BaseDataModule below)
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
+from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks import PredictionWriter
 from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.commands import COMMANDS
@@ -352,7 +353,7 @@ def main(args: list[str] | None = None) -> None:
     shipped config that is not a file here uses the packaged file (:func:`packaged_config_fallback`).
     """
     argv = sys.argv[1:] if args is None else list(args)
-    debug = "--debug" in argv or os.environ.get("CLOC_LIGHTNING_DEBUG", "") not in ("", "0")
+    debug = debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]
     try:
         if not argv or argv[0] != "configs":
@@ -375,5 +376,4 @@ def main(args: list[str] | None = None) -> None:
         err = None if debug else library_error(e)
         if err is None:
             raise
-        print(f"cloc-lightning: error: {err}\n(--debug shows the traceback)", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        exit_with_error(err)

@@ -40,11 +40,12 @@ __all__ = [
     "ConfigNotFoundError",
     "configs_root",
     "list_configs",
-    "config_groups",
     "find_config",
     "copy_config",
     "config_name",
-    "packaged_config_for", "configs_main"]
+    "packaged_config_for",
+    "configs_main",
+]
 
 #: the package folder the wheel carries the configs in (``cloc_lightning/_configs``)
 PACKAGED_DIR = Path(__file__).resolve().parent / "_configs"
@@ -116,11 +117,6 @@ def list_configs(group: str | None = None) -> list[ShippedConfig]:
         groups = sorted({c.group for c in found})
         raise ValueError(f"no config group {group!r}; the groups are: {', '.join(groups)}")
     return chosen
-
-
-def config_groups() -> list[str]:
-    """The groups (folders) of the shipped configs, sorted."""
-    return sorted({c.group for c in list_configs()})
 
 
 def config_name(name: str) -> str:
