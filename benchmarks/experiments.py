@@ -548,10 +548,22 @@ def _curves(table: Table, run_dir: Path) -> dict[str, list[list[float]]]:
 
 
 def _complete_record(table: Table, rec: dict[str, Any]) -> dict[str, Any]:
-    """Add what a cached run's record may lack (CLOC share, curves) from its run folder's logs."""
+    """Add what a cached run's record may lack (CLOC share, curves) from its run folder's logs.
+
+    A run that was stopped (SIGSTOP) while another job had the machine has a ``paused.json``
+    (``{"paused_s": seconds, "why": [...]}``, written by whoever stopped it); that time is taken
+    out of its wall time (the recorded value stays as ``wall_s_recorded``).
+    """
     run_dir = Path(rec["run_dir"])
     if not run_dir.is_absolute():
         run_dir = REPO / run_dir
+    paused = run_dir / "paused.json"
+    if paused.is_file() and "wall_s_recorded" not in rec:
+        info = json.loads(paused.read_text())
+        rec["paused_s"] = float(info["paused_s"])
+        rec["paused_why"] = info.get("why", [])
+        rec["wall_s_recorded"] = rec["wall_s"]
+        rec["wall_s"] = max(0.0, rec["wall_s"] - rec["paused_s"])
     if rec.get("ok") and run_dir.is_dir():
         for k, v in cloc_share(run_dir).items():
             rec["metrics"].setdefault(k, v)
@@ -720,13 +732,16 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         lines.append("Failed runs: " + "; ".join(f"{x['row']} seed {x['seed']} ({x.get('error', '?')})" for x in failed))
         lines.append("")
     starts = sorted(r["started_utc"] for r in runs if r.get("ok") and r.get("started_utc"))
+    paused = [f"{r['row']} seed {r['seed']}: {r['paused_s']:.0f} s" for r in runs if r.get("ok") and r.get("paused_s")]
     when = f"runs started {starts[0]} – {starts[-1]} UTC" if starts else f"written {env.get('date')}"
     lines.append(
         f"Measured ({when}) on {env.get('cuda') or 'CPU'} ({env.get('cpu_count')} CPUs, shared), torch {env.get('torch')}, "
         f"lightning {env.get('lightning')}, timm {env.get('timm')}, open_clip {env.get('open_clip')}, "
         f"scikit-learn {env.get('sklearn')}, cloc_lightning {env.get('cloc_lightning')} @ {str(env.get('git_commit'))[:10]}"
         f"{' (+ uncommitted changes)' if env.get('git_dirty') else ''}. "
-        f"Wall time = fit + test (+ probe) of one run ({_modes(runs)})."
+        f"Wall time = fit + test (+ probe) of one run ({_modes(runs)})"
+        + (f"; the time {len(paused)} run(s) spent stopped while another job used the machine is taken out "
+           f"({', '.join(paused)}; each run's `paused.json`)." if paused else ".")
     )
     return "\n".join(lines) + "\n"
 

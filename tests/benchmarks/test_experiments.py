@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from benchmarks.experiments import TABLES, aggregate, fit_command, format_mean_std, read_test_metrics
+from benchmarks.experiments import TABLES, _complete_record, aggregate, fit_command, format_mean_std, read_test_metrics
 from tests.conftest import CIFAR10, REPO, SHARED_DATA, UTKFACE, needs
 
 
@@ -58,6 +58,19 @@ def test_aggregate_over_seeds_ignores_failed_runs() -> None:
     assert agg["a"]["m"]["mean"] == 2.0 and agg["a"]["m"]["std"] == pytest.approx(math.sqrt(2.0))
     assert agg["a"]["wall_s"]["max"] == 30.0
     assert agg["b"]["m"]["n"] == 1 and math.isnan(agg["b"]["m"]["std"])
+
+
+def test_time_a_run_spent_stopped_is_taken_out_of_its_wall_time(tmp_path) -> None:
+    run_dir = tmp_path / "row" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "paused.json").write_text(json.dumps({"paused_s": 600, "why": ["stopped for the test suite"]}))
+    rec = {"row": "row", "seed": 0, "ok": True, "metrics": {}, "wall_s": 1000.0, "run_dir": str(run_dir), "curves": {"x": []}}
+    done = _complete_record(TABLES["utkface"], rec)
+    assert done["wall_s"] == 400.0 and done["wall_s_recorded"] == 1000.0 and done["paused_s"] == 600.0
+    assert _complete_record(TABLES["utkface"], done)["wall_s"] == 400.0  # a second pass does not subtract again
+    other = {"row": "row", "seed": 1, "ok": True, "metrics": {}, "wall_s": 900.0, "run_dir": str(tmp_path / "none"), "curves": {"x": []}}
+    assert _complete_record(TABLES["utkface"], other)["wall_s"] == 900.0 and "paused_s" not in other
+    assert aggregate([done, other])["row"]["wall_s"]["values"] == [400.0, 900.0]
 
 
 def test_fit_command_puts_seed_and_logger_last(tmp_path) -> None:
