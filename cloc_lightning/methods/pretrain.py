@@ -61,6 +61,10 @@ class PretrainModule(BaseModule):
         knn_k: neighbours of the kNN monitor (0 disables it).
         knn_bank_size: training features kept for the kNN monitor.
         knn_temperature: temperature of the kNN vote.
+        online_probe_norm: normalise the features (``BatchNorm1d`` without affine) before the
+            probe's linear layer, so its step size does not depend on the feature scale
+            (:class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe`); ``false`` = the
+            linear layer on raw features (also needed to load checkpoints saved without it).
         **kwargs: :class:`~cloc_lightning.methods.base.BaseModule` arguments.
     """
 
@@ -73,9 +77,11 @@ class PretrainModule(BaseModule):
         knn_k: int = 0,
         knn_bank_size: int = 4096,
         knn_temperature: float = 0.07,
+        online_probe_norm: bool = True,
         **kwargs: Any,
     ) -> None:
-        online_eval = OnlineEvaluator(online_probe, num_classes, task, online_probe_lr, knn_k, knn_bank_size, knn_temperature)
+        online_eval = OnlineEvaluator(online_probe, num_classes, task, online_probe_lr, knn_k, knn_bank_size, knn_temperature,
+                                      online_probe_norm)
         super().__init__(**kwargs)
         #: the online-evaluation component (probe + kNN bank)
         self.online_eval = online_eval
@@ -87,8 +93,8 @@ class PretrainModule(BaseModule):
 
     # ------------------------------------------------------------------ hooks
     def build_online_probe(self, num_classes: int, task: ProbeTask) -> OnlineLinearProbe:
-        """The online linear probe on :meth:`extract_features`-sized features."""
-        return OnlineLinearProbe(self.feature_dim, num_classes, task)
+        """The online linear probe on :meth:`extract_features`-sized features (normalised unless ``online_probe_norm: false``)."""
+        return OnlineLinearProbe(self.feature_dim, num_classes, task, norm=self.online_eval.norm)
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Every trainable parameter but the probe's with the base settings; the online probe in its own group."""

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,7 +86,9 @@ def test_training_step_is_the_loss_on_normalised_projections_plus_probe_ce() -> 
         else:
             expected = SupConLoss(temperature=0.2)(z)
         keep = (y >= 0).repeat(2)
-        probe = F.cross_entropy(model.probe.classifier(feats[keep]), y.repeat(2)[keep])
+        # the probe normalises with its running statistics in eval mode (fresh: mean 0, var 1)
+        normed = feats[keep] / (1.0 + model.probe.norm.eps) ** 0.5
+        probe = F.cross_entropy(model.probe.classifier(normed), y.repeat(2)[keep])
         assert torch.allclose(loss, expected + probe, atol=1e-5), method
 
 
@@ -177,22 +180,79 @@ def test_user_subclass_with_own_projector(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------- online probe
+def _batch_standardised(x: torch.Tensor, eps: float = 1e-5) -> np.ndarray:
+    """Per-feature (x - batch mean) / sqrt(biased batch variance + eps), in float64 NumPy."""
+    a = x.detach().double().numpy()
+    return (a - a.mean(axis=0)) / np.sqrt(a.var(axis=0) + eps)
+
+
 def test_online_probe_is_detached_and_skips_unlabelled() -> None:
-    probe = OnlineLinearProbe(8, 3, task="nominal")
+    raw = OnlineLinearProbe(8, 3, task="nominal", norm=False)
     feats = torch.randn(6, 8, requires_grad=True)
     y = torch.tensor([0, 1, 2, -1, 1, -1])
-    loss, logs = probe.training_step(feats, y)
+    loss, logs = raw.training_step(feats, y)
     loss.backward()
-    assert feats.grad is None and probe.classifier.weight.grad is not None
+    assert feats.grad is None and raw.classifier.weight.grad is not None and raw.norm is None
     keep = y >= 0
-    expected = F.cross_entropy(feats.detach()[keep] @ probe.classifier.weight.detach().t() + probe.classifier.bias.detach(), y[keep])
+    expected = F.cross_entropy(feats.detach()[keep] @ raw.classifier.weight.detach().t() + raw.classifier.bias.detach(), y[keep])
     assert torch.allclose(loss, expected) and set(logs) == {"train/online_probe/loss", "train/online_probe/acc"}
+    probe = OnlineLinearProbe(8, 3, task="nominal")  # normalised (the default): batch statistics over every row
+    loss, _ = probe.training_step(feats, y)
+    w, b = probe.classifier.weight.detach().double().numpy(), probe.classifier.bias.detach().double().numpy()
+    expected = F.cross_entropy(torch.from_numpy(_batch_standardised(feats) @ w.T + b)[keep], y[keep])
+    assert torch.allclose(loss.double(), expected, atol=1e-6)
     zero, logs = probe.training_step(torch.randn(3, 8), torch.tensor([-1, -1, -1]))
     assert float(zero.detach()) == 0.0 and "train/online_probe/acc" not in logs
     with pytest.raises(ValueError, match="out of range for the online probe's 3 classes"):
         probe.training_step(torch.randn(2, 8), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match=r"expects features \[B, 8\]"):
         probe.training_step(torch.randn(2, 5), torch.tensor([0, 1]))
+
+
+def test_normalised_online_probe_does_not_depend_on_the_feature_scale() -> None:
+    """The failure it fixes: SGD lr 0.1 on raw features with a large common offset (ResNet-like:
+    mean ~1.2, std ~1.9 per dimension, norm ~37) overshoots; on normalised features it does not."""
+    torch.manual_seed(0)
+    dim, centres = 256, torch.randn(4, 256) * 0.1
+
+    def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.randint(0, 4, (n,))
+        return 1.2 + 1.9 * (centres[y] + torch.randn(n, dim)), y
+
+    feats, _ = sample(64)
+    probe = OnlineLinearProbe(dim, 4, task="nominal")
+    assert torch.allclose(probe(feats), probe(feats * 20.0), atol=1e-4)  # batch statistics: scale-free
+    losses = {}
+    for norm in (True, False):
+        torch.manual_seed(1)
+        p = OnlineLinearProbe(dim, 4, task="nominal", norm=norm)
+        opt = torch.optim.SGD(p.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(300):
+            f, y = sample(64)
+            loss, _ = p.training_step(f, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        p.eval()
+        f, y = sample(2000)
+        losses[norm] = float(F.cross_entropy(p(f), y))
+    assert losses[True] < 2.0 and losses[False] > 4.0, losses  # measured: 1.26 vs 6.06
+    one = OnlineLinearProbe(dim, 4, task="nominal")  # a single row in training uses the running statistics
+    assert one(feats[:1]).shape == (1, 4)
+
+
+def test_checkpoint_with_or_without_probe_normalisation_says_how_to_load_it() -> None:
+    plain = OnlineLinearProbe(8, 3, norm=False).state_dict()
+    with pytest.raises(RuntimeError, match="trained without feature normalisation.*online_probe_norm=False"):
+        OnlineLinearProbe(8, 3).load_state_dict(plain)
+    OnlineLinearProbe(8, 3, norm=False).load_state_dict(plain)
+    normed = OnlineLinearProbe(8, 3).state_dict()
+    with pytest.raises(RuntimeError, match="trained with feature normalisation.*online_probe_norm=True"):
+        OnlineLinearProbe(8, 3, norm=False).load_state_dict(normed)
+    model = SupConModule(backbone=TINY_BACKBONE, num_classes=3, task="nominal", online_probe_norm=False)
+    assert model.probe is not None and model.probe.norm is None and model.hparams.online_probe_norm is False
+    with pytest.raises(TypeError, match="online_probe_norm must be true or false"):
+        SupConModule(backbone=TINY_BACKBONE, num_classes=3, task="nominal", online_probe_norm="yes")
 
 
 def test_online_probe_eval_metrics_match_hand_count() -> None:
