@@ -770,8 +770,8 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
     have = {(x["row"]) for x in runs if x.get("ok") and x.get("curves")}
     if not have:
         return None
-    fig, axes = plt.subplots(len(columns), len(table.curve_metrics), figsize=(5.2 * len(table.curve_metrics), 3.6 * len(columns)),
-                             squeeze=False)
+    width = max(5.2 * len(table.curve_metrics), 7.0)  # one panel: wide enough for the table's title
+    fig, axes = plt.subplots(len(columns), len(table.curve_metrics), figsize=(width, 3.6 * len(columns)), squeeze=False)
     for i, col in enumerate(columns):
         for j, (metric, header) in enumerate(table.curve_metrics):
             ax = axes[i][j]
@@ -790,7 +790,7 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
                     std = [statistics.stdev([c[e] for c in per_seed]) for e in epochs]
                     ax.fill_between(epochs, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
             ax.set_xlabel("epoch")
-            ax.set_ylabel(header)
+            ax.set_ylabel(header.split(" (")[0])  # the panel's title has the whole header
             ax.set_title(f"{col}: {header}" if len(columns) > 1 else header, fontsize=10)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
