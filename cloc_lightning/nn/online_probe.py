@@ -31,7 +31,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 
 from cloc_lightning.metrics import build_metrics
-from cloc_lightning.validation import check_choice, check_float, check_int, check_tensor
+from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
 __all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "knn_accuracy"]
 
@@ -336,9 +336,7 @@ class OnlineEvaluator:
         self.knn_k = check_int("knn_k", knn_k, 0, hint="0 turns the kNN monitor off")
         self.knn_bank_size = check_int("knn_bank_size", knn_bank_size, 1)
         self.knn_temperature = check_float("knn_temperature", knn_temperature, minimum=0.0, strict_minimum=True)
-        if not isinstance(online_probe_norm, bool):
-            raise TypeError(f"online_probe_norm must be true or false, got {online_probe_norm!r}")
-        self.norm = online_probe_norm
+        self.norm = check_bool("online_probe_norm", online_probe_norm)
         self.probe: OnlineLinearProbe | None = None
         self._bank_features: torch.Tensor | None = None
         self._bank_labels: torch.Tensor | None = None

@@ -251,7 +251,7 @@ def test_checkpoint_with_or_without_probe_normalisation_says_how_to_load_it() ->
         OnlineLinearProbe(8, 3, norm=False).load_state_dict(normed)
     model = SupConModule(backbone=TINY_BACKBONE, num_classes=3, task="nominal", online_probe_norm=False)
     assert model.probe is not None and model.probe.norm is None and model.hparams.online_probe_norm is False
-    with pytest.raises(TypeError, match="online_probe_norm must be true or false"):
+    with pytest.raises(TypeError, match="online_probe_norm must be True or False"):
         SupConModule(backbone=TINY_BACKBONE, num_classes=3, task="nominal", online_probe_norm="yes")
 
 
