@@ -22,6 +22,11 @@ the real command line in a subprocess::
   frozen features of the final checkpoint (``last.ckpt``) and writes its JSON.
 * **random** rows probe a randomly initialised encoder of the same architecture
   (seeded by the row's seed), written as a plain ``state_dict`` file.
+* **encoder** rows only train (e.g. self-supervised pre-training on the table's
+  training images): the table shows their wall time and learning curves; rows with
+  ``init_from`` set to their key fine-tune from their weights, same seed
+  (``--model.init_from <run>/init_weights.pt``, the ``state_dict`` of the source's
+  ``last.ckpt``, kept when the checkpoints are deleted).
 
 Results are written after every run to ``<out>/<table>.md`` and ``<out>/<table>.json``
 (mean ± sample standard deviation over the seeds that finished; the JSON holds every
@@ -61,7 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "experiments"
 DEFAULT_DATA = Path(os.environ.get("CLOC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
-RowKind = Literal["supervised", "pretrain", "random"]
+RowKind = Literal["supervised", "pretrain", "random", "encoder"]
 
 __all__ = ["Row", "Table", "TABLES", "run_table", "read_test_metrics", "aggregate", "format_mean_std", "main"]
 
@@ -74,7 +79,8 @@ class Row:
         key: short identifier (``--rows`` selects by it; the run folder's name).
         label: what the table prints.
         kind: ``supervised`` (test metrics of the fit), ``pretrain`` (fit, then offline
-            probe of ``last.ckpt``) or ``random`` (probe of a random-init encoder).
+            probe of ``last.ckpt``), ``random`` (probe of a random-init encoder) or
+            ``encoder`` (fit only: weights for the rows whose ``init_from`` names it).
         config: the YAML under ``configs/`` (``None`` for ``random``).
         overrides: command-line overrides after the table's scale overrides.
         column: which column group of the table the row belongs to (e.g. ``full`` /
@@ -82,8 +88,10 @@ class Row:
         quick_overrides: extra overrides used only with ``--quick``.
         optional: skip (with the reason in the results) when ``config`` does not exist.
         probe_overrides: extra ``cloc-lightning probe`` arguments for this row.
-        paired_with: key of the baseline row; the table adds the per-seed paired
-            difference (this row − baseline, same seed) of every metric.
+        paired_with: key(s) of the baseline row(s); the table adds the per-seed paired
+            difference (this row − baseline, same seed) of every metric, per baseline.
+        init_from: key of an earlier row of the table whose trained weights (same seed)
+            initialise this row's fit (``--model.init_from``); that row must finish first.
     """
 
     key: str
@@ -95,7 +103,15 @@ class Row:
     quick_overrides: list[str] = field(default_factory=list)
     optional: bool = False
     probe_overrides: list[str] = field(default_factory=list)
-    paired_with: str | None = None
+    paired_with: str | tuple[str, ...] | None = None
+    init_from: str | None = None
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """The ``paired_with`` keys as a tuple (empty without one)."""
+        if self.paired_with is None:
+            return ()
+        return (self.paired_with,) if isinstance(self.paired_with, str) else tuple(self.paired_with)
 
 
 @dataclass
@@ -118,6 +134,9 @@ class Table:
     curve_metrics: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: the weights file an ``init_from`` source row leaves in its run folder
+INIT_WEIGHTS = "init_weights.pt"
+
 _QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 # --------------------------------------------------------------------- UTKFace
@@ -134,6 +153,12 @@ _UTK_FREEZE_QUICK = ["--trainer.callbacks", '[{"class_path": "cloc_lightning.cal
 _FEW = ["--data.train_fraction", "0.1"]
 _MEAN = ["--model.reduction", "mean"]
 _FEATURES = ["--model.cloc_on", "features", "--model.projector_dim", "128"]
+# The composed pipeline (issue 17's stretch): SimCLR on the training faces without their ages
+# (configs/simclr/utkface.yaml, 30 epochs: twice the supervised rows' epochs, as a
+# self-supervised objective needs more steps), then the CE and CLOC rows' exact configs
+# fine-tuned from its weights; each is paired with its from-scratch row (does pre-training
+# help?) and CLOC-from-SimCLR also with CE-from-SimCLR (does CLOC help on top of it?).
+_SSL = "SimCLR-initialised"
 
 UTKFACE = Table(
     name="utkface",
@@ -152,6 +177,12 @@ UTKFACE = Table(
         Row("ce_few", "CE", "supervised", "configs/ce/utkface.yaml", _FEW, column="few-shot"),
         Row("cloc_mm_few", "CE + CLOC mm (seed's settings)", "supervised", "configs/cloc/utkface.yaml", _FEW,
             column="few-shot", quick_overrides=_UTK_FREEZE_QUICK, paired_with="ce_few"),
+        Row("simclr", "SimCLR pre-training (no ages; 30 epochs)", "encoder", "configs/simclr/utkface.yaml",
+            ["--trainer.max_epochs", "30"], column=_SSL, quick_overrides=["--trainer.max_epochs", "2"]),
+        Row("ce_simclr", "CE from SimCLR", "supervised", "configs/ce/utkface.yaml", column=_SSL, init_from="simclr",
+            paired_with="ce"),
+        Row("cloc_mm_simclr", "CE + CLOC mm (seed's settings) from SimCLR", "supervised", "configs/cloc/utkface.yaml",
+            column=_SSL, quick_overrides=_UTK_FREEZE_QUICK, init_from="simclr", paired_with=("cloc_mm", "ce_simclr")),
     ],
     scale=[
         "--data.image_size", "64",
@@ -182,9 +213,12 @@ UTKFACE = Table(
         "images), with the best-validation checkpoint (val/mae on the 10 % validation split, 787 images, checked after every epoch). "
         "`main` rows train on the full training split (5,553 images), `few-shot` rows on 10 % of every class (554). "
         "CLOC share = λ·CLOC / (CE + λ·CLOC) averaged over the logged training steps of the first and of the last "
-        "epoch (logged every 20 steps; `train/cloc_share` in the run's logs)."
+        "epoch (logged every 20 steps; `train/cloc_share` in the run's logs). "
+        f"`{_SSL}` rows start from the same seed's SimCLR encoder (`--model.init_from`; backbone weights only, "
+        "fresh head, optimiser and schedule); the SimCLR row's curves are its online linear probe's (detached features)."
     ),
-    curve_metrics=[("val/mae", "validation MAE (age groups) ↓"), ("val/qwk", "validation QWK ↑")],
+    curve_metrics=[("val/mae|val/online_probe/mae", "validation MAE (age groups; SimCLR: online probe) ↓"),
+                   ("val/qwk|val/online_probe/qwk", "validation QWK ↑")],
 )
 
 # -------------------------------------------------------------------- CIFAR-10
@@ -477,6 +511,22 @@ def _tail(path: Path, n: int = 2500) -> str:
         return ""
 
 
+def init_weights_path(run_dir: Path, row: Row, seed: int) -> Path:
+    """Where a row with ``init_from`` finds its source's weights: ``<runs_dir>/<source>/seed<S>/init_weights.pt``."""
+    assert row.init_from is not None
+    return run_dir.parent.parent / row.init_from / f"seed{seed}" / INIT_WEIGHTS
+
+
+def write_init_weights(ckpt: Path, path: Path) -> None:
+    """Keep a checkpoint's ``state_dict`` (no optimiser state) as ``path`` for the rows that start from it."""
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    tmp = path.with_suffix(".tmp")
+    torch.save({"state_dict": state, "source": str(ckpt)}, tmp)
+    tmp.replace(path)
+
+
 def fit_command(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, quick: bool, extra: Sequence[str]) -> list[str]:
     """The ``python -m cloc_lightning fit`` command of one (row, seed)."""
     assert row.config is not None
@@ -486,6 +536,8 @@ def fit_command(table: Table, row: Row, seed: int, run_dir: Path, data_root: Pat
     cmd += row.overrides
     if quick:
         cmd += row.quick_overrides
+    if row.init_from is not None:
+        cmd += ["--model.init_from", str(init_weights_path(run_dir, row, seed))]
     cmd += list(extra)
     cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
     if row.kind == "supervised":
@@ -622,7 +674,11 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
                                                       "earlier": resumed}))
     start = time.perf_counter()
     try:
-        if row.kind in ("supervised", "pretrain"):
+        if row.init_from is not None and not init_weights_path(run_dir, row, seed).is_file():
+            raise RuntimeError(f"row {row.key} starts from row {row.init_from}'s weights, but "
+                               f"{init_weights_path(run_dir, row, seed)} does not exist: run --rows {row.init_from} "
+                               f"--seeds {seed} first (same --runs-dir)")
+        if row.kind in ("supervised", "pretrain", "encoder"):
             cmd = fit_command(table, row, seed, run_dir, data_root, quick, extra)
             if resumed:
                 cmd += ["--ckpt_path", str(last)]
@@ -636,6 +692,12 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
                 raise RuntimeError("fit finished but logged no test/* metrics")
             record["metrics"].update(cloc_share(run_dir))
             record["curves"] = _curves(table, run_dir)
+            if any(r.init_from == row.key for r in table.rows):
+                ckpt = _find_ckpt(run_dir)
+                if ckpt is None:
+                    raise RuntimeError(f"fit wrote no last.ckpt for the rows that start from {row.key}")
+                write_init_weights(ckpt, run_dir / INIT_WEIGHTS)
+                record["init_weights"] = str(run_dir / INIT_WEIGHTS)
         if row.kind in ("pretrain", "random"):
             if row.kind == "random":
                 ckpt = run_dir / "random_encoder.pt"
@@ -709,13 +771,14 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         if len(columns) > 1:
             lines += [f"**{col}**", ""]
         lines += [markdown_table(headers, body), ""]
-        paired = [r for r in col_rows if r.paired_with and r.key in agg and r.paired_with in agg]
+        paired = [(r, b) for r in col_rows for b in r.baselines if r.key in agg and b in agg]
         if paired:
             test_metrics = [(m, h, fmt) for m, h, fmt in table.metrics if m.startswith(("test/", "probe/"))]
             p_body = []
-            for r in paired:
-                d = paired_differences(runs, r.key, r.paired_with or "", [m for m, _, _ in test_metrics])
-                base = next((b.label for b in rows if b.key == r.paired_with), r.paired_with)
+            for r, key in paired:
+                d = paired_differences(runs, r.key, key, [m for m, _, _ in test_metrics])
+                b = next((x for x in rows if x.key == key), None)
+                base = key if b is None else b.label + (f" ({b.column})" if b.column != r.column else "")
                 n = max((v["n"] for v in d.values()), default=0)
                 p_body.append([f"{r.label} − {base}"] + [_signed(d[m]["values"], fmt) if m in d else "–" for m, _, fmt in test_metrics]
                               + [str(n)])
@@ -808,10 +871,11 @@ def write_outputs(out: Path, table: Table, rows: list[Row], runs: list[dict[str,
     """Write ``<out>/<table>.md`` and ``.json``; return the markdown path."""
     out.mkdir(parents=True, exist_ok=True)
     agg = aggregate(runs)
-    for r in rows:
-        if r.paired_with and r.key in agg and r.paired_with in agg:
-            agg[r.key]["paired_with"] = r.paired_with
-            agg[r.key]["paired"] = paired_differences(runs, r.key, r.paired_with, [m for m, _, _ in table.metrics])
+    for r in rows:  # "paired": {baseline key: {metric: differences}}
+        bases = [b for b in r.baselines if r.key in agg and b in agg]
+        if bases:
+            agg[r.key]["paired_with"] = bases
+            agg[r.key]["paired"] = {b: paired_differences(runs, r.key, b, [m for m, _, _ in table.metrics]) for b in bases}
     curves = plot_curves(table, rows, runs, out / f"{table.name}_curves.png") if table.curve_metrics else None
     md = render_markdown(table, rows, agg, command, seeds, skipped, env, runs, quick, extra, curves)
     (out / f"{table.name}.md").write_text(md)

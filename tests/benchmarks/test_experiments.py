@@ -121,6 +121,26 @@ def test_quick_utkface_ce_row(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.realdata
+@needs(UTKFACE)
+def test_quick_utkface_simclr_then_ce_from_its_weights(tmp_path) -> None:
+    """The composed rows: SimCLR on the faces (no ages), then CE fine-tuned from its kept weights."""
+    import torch
+
+    payload = _run_quick("utkface", ["simclr", "ce_simclr"], tmp_path)
+    runs = {r["row"]: r for r in payload["runs"]}
+    assert runs["simclr"]["ok"] and runs["ce_simclr"]["ok"], [r.get("log_tail") for r in runs.values()]
+    weights = tmp_path / "runs" / "simclr" / "seed0" / "init_weights.pt"
+    assert runs["simclr"]["init_weights"] == str(weights) and not list((tmp_path / "runs").rglob("*.ckpt"))
+    state = torch.load(weights, map_location="cpu", weights_only=False)["state_dict"]
+    log = (tmp_path / "runs" / "ce_simclr" / "seed0" / "output.log").read_text()
+    loaded = int(log.split(f"init_from {weights}: loaded ")[1].split(" tensors")[0])
+    assert loaded == len([k for k in state if k.startswith("backbone.")]) > 100  # the whole backbone, nothing else
+    assert math.isfinite(runs["ce_simclr"]["metrics"]["test/qwk"])
+    assert runs["simclr"]["curves"]["val/mae|val/online_probe/mae"]  # its online probe's curve
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
 @needs(CIFAR10)
 def test_quick_cifar10_random_encoder_probe(tmp_path) -> None:
     payload = _run_quick("cifar10", ["random"], tmp_path)
@@ -254,11 +274,63 @@ def test_utkface_table_scale_is_the_shipped_configs_scale() -> None:
     value = {scale[i]: scale[i + 1] for i in range(0, len(scale) - 1, 2)}
     for row in TABLES["utkface"].rows:
         cfg = yaml.safe_load((REPO / row.config).read_text())
+        args = scale + row.overrides  # the epochs a row runs (the SimCLR row: its config's 30), later wins
+        epochs = [args[i + 1] for i in range(len(args) - 1) if args[i] == "--trainer.max_epochs"][-1]
         assert int(value["--data.image_size"]) == cfg["data"]["init_args"]["image_size"], row.key
-        assert int(value["--trainer.max_epochs"]) == cfg["trainer"]["max_epochs"], row.key
+        assert int(epochs) == cfg["trainer"]["max_epochs"], row.key
         assert float(value["--data.train_fraction"]) == cfg["data"]["init_args"].get("train_fraction", 1.0), row.key
         if row.key.startswith("cloc"):
             (freeze,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("CLOCMarginFreeze")]
             assert freeze["init_args"]["freeze_at_epoch"] == 10, row.key
-        if row.paired_with:
-            assert any(r.key == row.paired_with and r.column == row.column for r in TABLES["utkface"].rows)
+        for base in row.baselines:  # a baseline of the same column, or the from-scratch row of an initialised one
+            (b,) = [r for r in TABLES["utkface"].rows if r.key == base]
+            assert b.column == row.column or (row.init_from and b.config == row.config and b.overrides == row.overrides), (row.key, base)
+
+
+def test_rows_that_start_from_another_row_come_after_it(tmp_path) -> None:
+    from benchmarks.experiments import INIT_WEIGHTS
+
+    found = 0
+    for table in TABLES.values():
+        keys = [r.key for r in table.rows]
+        for i, row in enumerate(table.rows):
+            if row.init_from is None:
+                continue
+            found += 1
+            assert row.init_from in keys[:i], f"{table.name}/{row.key}: its source {row.init_from} must be an earlier row"
+            cmd = fit_command(table, row, 3, tmp_path / row.key / "seed3", SHARED_DATA, quick=False, extra=[])
+            assert cmd[cmd.index("--model.init_from") + 1] == str(tmp_path / row.init_from / "seed3" / INIT_WEIGHTS)
+            source = table.rows[keys.index(row.init_from)]
+            assert "--model.init_from" not in fit_command(table, source, 3, tmp_path / source.key / "seed3", SHARED_DATA, False, [])
+    assert found >= 2
+
+
+def test_a_row_without_its_sources_weights_fails_naming_the_fix(tmp_path) -> None:
+    from benchmarks.experiments import run_one
+
+    table = TABLES["utkface"]
+    row = next(r for r in table.rows if r.key == "ce_simclr")
+    rec = run_one(table, row, 1, tmp_path / "ce_simclr" / "seed1", SHARED_DATA, quick=True, extra=[], timeout=60,
+                  keep_checkpoints=False)
+    assert not rec["ok"] and not rec["commands"]  # nothing ran
+    assert "run --rows simclr --seeds 1 first" in rec["error"] and str(tmp_path / "simclr" / "seed1" / "init_weights.pt") in rec["error"]
+
+
+def test_rows_paired_with_several_baselines_across_columns(tmp_path) -> None:
+    from benchmarks.experiments import write_outputs
+
+    table = TABLES["utkface"]
+    keys = ["ce", "cloc_mm", "ce_simclr", "cloc_mm_simclr"]
+    rows = [r for r in table.rows if r.key in keys]
+    mae = {"ce": [0.50, 0.60], "cloc_mm": [0.55, 0.57], "ce_simclr": [0.40, 0.52], "cloc_mm_simclr": [0.45, 0.50]}
+    runs = [{"row": k, "seed": s, "ok": True, "wall_s": 10.0, "metrics": {"test/mae": mae[k][s]}} for k in keys for s in (0, 1)]
+    md = write_outputs(tmp_path, table, rows, runs, "cmd", [0, 1], {}, False, [], {}).read_text()
+    lines = {ln.split("|")[1].strip(): ln for ln in md.splitlines() if ln.startswith("| ") and " − " in ln}
+    # CE from SimCLR - CE: -0.10, -0.08 -> mean -0.090 ± 0.014 (baseline in another column: named with it)
+    assert "-0.090 ± 0.014" in lines["CE from SimCLR − CE (main)"]
+    # the CLOC row against both of its baselines: -0.10, -0.07 and +0.05, -0.02
+    assert "-0.085 ± 0.021" in lines["CE + CLOC mm (seed's settings) from SimCLR − CE + CLOC mm (seed's settings) (main)"]
+    assert "+0.015 ± 0.049" in lines["CE + CLOC mm (seed's settings) from SimCLR − CE from SimCLR"]
+    summary = json.loads((tmp_path / "utkface.json").read_text())["summary"]
+    assert summary["cloc_mm_simclr"]["paired_with"] == ["cloc_mm", "ce_simclr"]
+    assert summary["cloc_mm_simclr"]["paired"]["ce_simclr"]["test/mae"]["values"] == pytest.approx([0.05, -0.02])

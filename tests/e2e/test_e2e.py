@@ -229,6 +229,21 @@ def _pretrain_then_probe(method: str, name: str, tmp: Path, tv: Path) -> None:
         assert (tmp / "probe.json").is_file(), out.stdout[-2000:]
 
 
+def _simclr_utkface(tmp: Path) -> None:
+    """SimCLR on the faces without ages, then CE and CE + CLOC fine-tuned from its last.ckpt (the config's commands)."""
+    needs_shared(UTKFACE)
+    common = [*shared_root(UTKFACE), "--data.batch_size", "16"]
+    ssl = check_fit(fit("simclr/utkface.yaml", tmp, *common, epochs=2), tmp, Expect(epochs=2, tests=False, confusion=False))
+    encoder = ssl / "checkpoints" / "last.ckpt"
+    backbone = {k: v for k, v in load(encoder)["state_dict"].items() if k.startswith("backbone.")}
+    ce = fit("ce/utkface.yaml", tmp, *common, "--model.init_from", str(encoder), epochs=2)
+    assert f"init_from {encoder}: loaded {len(backbone)} tensors" in ce.stdout, ce.stdout[-2000:]
+    check_fit(ce, tmp, Expect(epochs=2))
+    cloc = fit("cloc/utkface.yaml", tmp, *FREEZE_AT_1, *common, "--model.init_from", str(encoder), epochs=2)
+    assert f"init_from {encoder}: loaded {len(backbone)} tensors" in cloc.stdout, cloc.stdout[-2000:]
+    check_fit(cloc, tmp, Expect(epochs=2, cloc_freeze=True))
+
+
 def _relic(name: str, tmp: Path, tv: Path) -> None:
     extra = {"demo.yaml": [], "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
              "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0",
@@ -293,6 +308,8 @@ def test_shipped_config_runs(config: str, tmp_path: Path, torchvision_files: Pat
         _cloc_demo(tmp_path)
     elif config == "cloc/utkface.yaml":
         _cloc_utkface(tmp_path)
+    elif config == "simclr/utkface.yaml":
+        _simclr_utkface(tmp_path)
     elif method in ("supcon", "simclr"):
         _pretrain_then_probe(method, name, tmp_path, torchvision_files)
     elif method == "relic":
