@@ -166,7 +166,9 @@ class ImageFileDataset(LabelledDataset):
     (``labelled`` is then ``False`` and every target ``-1``).
     ``bad_files``: ``'raise'`` (default) stops with the file's name when a file
     cannot be read; ``'skip'`` warns (with a running count) and returns the next
-    readable sample instead.
+    readable sample instead.  That substitution is for training sets; the data modules
+    leave the unreadable files out of evaluation sets before loading them
+    (:meth:`unreadable`), so metrics and prediction rows cover exactly the readable files.
     """
 
     def __init__(self, files: Sequence[str], targets: Sequence[int] | None, bad_files: BadFiles = "raise") -> None:
@@ -182,6 +184,26 @@ class ImageFileDataset(LabelledDataset):
 
     def describe(self, index: int) -> str:
         return self.files[index]
+
+    def unreadable(self, indices: Sequence[int] | None = None) -> list[int]:
+        """The indices (of ``indices``, default all) whose file PIL cannot decode, in order.
+
+        Decodes every file once (threads: PIL releases the GIL while it decodes).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo = list(range(len(self.files))) if indices is None else [int(i) for i in indices]
+
+        def bad(i: int) -> bool:
+            try:
+                self.load(i)
+            except (OSError, ValueError, SyntaxError):
+                return True
+            return False
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            flags = list(pool.map(bad, todo, chunksize=64))
+        return [i for i, f in zip(todo, flags, strict=True) if f]
 
     def load(self, index: int) -> Image.Image:
         with Image.open(self.files[index]) as img:
@@ -555,6 +577,27 @@ class BaseDataModule(L.LightningDataModule):
         return labels
 
     # ------------------------------------------------------------- internals
+    def _readable(self, ds: LabelledDataset, split: str) -> list[int] | None:
+        """With ``bad_files: skip``, the indices of ``ds`` whose files decode (``None``: keep all).
+
+        An evaluation set must not stand a neighbour in for an unreadable file (a
+        duplicated sample in the metrics, a prediction row under the wrong file name),
+        so its unreadable files are found once here and left out, with a warning.
+        """
+        if self.bad_files != "skip" or not isinstance(ds, ImageFileDataset) or len(ds) == 0:
+            return None
+        bad = ds.unreadable()
+        if not bad:
+            return None
+        names = [ds.files[i] for i in bad[:5]]
+        warnings.warn(
+            f"bad_files: skip: left {len(bad)} unreadable image(s) out of the {split} split, whose metrics and "
+            f"predictions cover the other {len(ds) - len(bad)}: {names}{' ...' if len(bad) > 5 else ''}",
+            stacklevel=2,
+        )
+        drop = set(bad)
+        return [i for i in range(len(ds)) if i not in drop]
+
     def _ensure_base(self) -> dict[str, LabelledDataset]:
         if self._base is None:
             base = self.build_base_sets()
@@ -607,8 +650,8 @@ class BaseDataModule(L.LightningDataModule):
             self.train_set = TransformedSubset(
                 train, self.train_indices(train.targets, keys), self.train_image_transform(), seed=self.seed
             )
-            self.val_set = TransformedSubset(base["val"], None, self.eval_image_transform())
-            self.test_set = TransformedSubset(base["test"], None, self.eval_image_transform())
+            self.val_set = TransformedSubset(base["val"], self._readable(base["val"], "val"), self.eval_image_transform())
+            self.test_set = TransformedSubset(base["test"], self._readable(base["test"], "test"), self.eval_image_transform())
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}.get(
             stage or "fit", ["train", "val", "test"]
         )

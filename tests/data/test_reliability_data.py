@@ -79,6 +79,57 @@ def test_corrupt_image_fails_with_the_name_by_default_and_skip_counts(tmp_path: 
     assert dm.train_set.base.skipped == 1
 
 
+def test_skip_leaves_unreadable_files_out_of_evaluation_splits(tmp_path: Path) -> None:
+    """An unreadable test/val image is left out (not replaced by its neighbour): metrics and prediction names stay true."""
+    import torch
+
+    from cloc_lightning.callbacks.predictions import PredictionWriter
+
+    root = _folder(tmp_path / "data")
+    for name in ("a2.jpg", "b5.jpg"):
+        (root / "test" / name[0] / name).write_bytes(b"\xff\xd8 truncated jpeg")
+    dm = ImageFolderDataModule(str(root), val_fraction=0.0, batch_size=4, num_workers=0, augment="none", bad_files="skip")
+    with pytest.warns(UserWarning, match=r"left 2 unreadable image\(s\) out of the test split.*other 10.*a2\.jpg.*b5\.jpg"):
+        dm.setup("test")
+    names = [Path(dm.test_set.describe(i)).name for i in range(len(dm.test_set))]
+    assert names == [f"a{i}.jpg" for i in (0, 1, 3, 4, 5)] + [f"b{i}.jpg" for i in range(5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is substituted any more
+        batches = list(dm.test_dataloader())
+    targets = torch.cat([y for _, y in batches]).tolist()
+    assert targets == [0] * 5 + [1] * 5
+    # each loaded image is the file its row names (the images differ by their seed)
+    from PIL import Image
+
+    for i, name in enumerate(names):
+        with Image.open(root / "test" / name[0] / name) as img:
+            expected = dm.eval_image_transform()(img.convert("RGB"))
+        assert torch.equal(dm.test_set[i][0], expected), name
+    # predicting the test split through a Trainer: one CSV row per readable file, under its own name
+    model = CEModule(num_classes=2, backbone="test_resnet", backbone_kwargs={"channels": [8, 8, 16, 16]})
+    out = tmp_path / "predictions.csv"
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[PredictionWriter(str(out))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.predict(model, datamodule=dm, return_predictions=False)
+    import csv
+
+    rows = list(csv.DictReader(out.open()))
+    assert [Path(r["path"]).name for r in rows] == names and [int(r["target"]) for r in rows] == targets
+    # a readable set is kept whole without decoding twice in the loaders; raise mode does not scan at all
+    clean = ImageFolderDataModule(str(_folder(tmp_path / "clean")), val_fraction=0.0, batch_size=4, num_workers=0, bad_files="skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clean.setup("test")
+    assert len(clean.test_set) == 12
+    strict = ImageFolderDataModule(str(root), val_fraction=0.0, batch_size=4, num_workers=0, augment="none")
+    strict.setup("test")
+    assert len(strict.test_set) == 12
+    with pytest.raises(RuntimeError, match=r"Cannot read image '.*a2\.jpg'"):
+        list(strict.test_dataloader())
+
+
 def test_utkface_names_that_do_not_parse(tmp_path: Path) -> None:
     for i, age in enumerate([3, 20, 35, 50, 70, 9]):
         _jpeg(tmp_path / f"{age}_0_1_2017010{i}.jpg.chip.jpg", seed=i)
