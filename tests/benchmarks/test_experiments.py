@@ -222,9 +222,24 @@ def test_cifar10_table_scale_fits_the_issue() -> None:
     assert sc["--model.backbone"] == "resnet18" and sc["--model.cifar_stem"] == "false"
     assert int(sc["--trainer.max_epochs"]) >= 30 and float(sc["--data.train_fraction"]) == 1.0
     assert sc["--trainer.check_val_every_n_epoch"] == "1" and CIFAR10.random_backbone == "resnet18"
-    relic = {r.key: r for r in CIFAR10.rows}["relic_scheduled"]
+
+
+@needs(CIFAR10)
+def test_cifar10_gamma_schedule_spans_the_whole_run_on_the_real_split() -> None:
+    """The scheduled ReLIC row's gamma_scaling_steps = the run's optimiser steps on the actual training split."""
+    import yaml
+
+    from benchmarks.experiments import CIFAR10 as TABLE
+    from cloc_lightning.data import ImageFolderDataModule
+
+    sc = dict(zip(TABLE.scale[::2], TABLE.scale[1::2], strict=True))
+    cfg = yaml.safe_load((REPO / "configs/relic/cifar10_cpu.yaml").read_text())["data"]["init_args"]
+    dm = ImageFolderDataModule(str(CIFAR10), batch_size=cfg["batch_size"], drop_last=cfg["drop_last"], num_workers=0)
+    dm.setup("fit")
+    per_epoch = len(dm.train_set) // cfg["batch_size"] if cfg["drop_last"] else -(-len(dm.train_set) // cfg["batch_size"])
+    relic = {r.key: r for r in TABLE.rows}["relic_scheduled"]
     steps = int(relic.overrides[relic.overrides.index("--model.gamma_scaling_steps") + 1])
-    assert steps == int(sc["--trainer.max_epochs"]) * (8100 // 128)  # the whole run's optimiser steps
+    assert steps == int(sc["--trainer.max_epochs"]) * per_epoch, (len(dm.train_set), per_epoch)
 
 
 def test_paired_differences_use_matching_seeds_only() -> None:
