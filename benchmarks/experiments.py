@@ -622,8 +622,10 @@ def _complete_record(table: Table, rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("ok") and run_dir.is_dir():
         for k, v in cloc_share(run_dir).items():
             rec["metrics"].setdefault(k, v)
-        if table.curve_metrics and not rec.get("curves"):
-            rec["curves"] = _curves(table, run_dir)
+        cached = rec.get("curves") or {}
+        if table.curve_metrics and any(spec not in cached for spec, _ in table.curve_metrics):
+            # missing, or recorded under an older spec of the table's curves: read the logs again
+            rec["curves"] = _curves(table, run_dir) or cached
     return rec
 
 
@@ -758,6 +760,8 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         body = []
         for r in col_rows:
             cfg = (r.config or f"random {table.random_backbone}") + (" " + " ".join(_quote(o) for o in r.overrides) if r.overrides else "")
+            if r.init_from:
+                cfg += f" --model.init_from <{r.init_from}, same seed>/{INIT_WEIGHTS}"
             if r.probe_overrides:
                 cfg += "`; probe `" + " ".join(_quote(o) for o in r.probe_overrides)
             if r.key in skipped:
@@ -832,10 +836,11 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    columns = list(dict.fromkeys(r.column for r in rows))
     have = {(x["row"]) for x in runs if x.get("ok") and x.get("curves")}
     if not have:
         return None
+    # a panel row per column that has a run to draw (no empty panels for rows still to run)
+    columns = list(dict.fromkeys(r.column for r in rows if r.key in have))
     width = max(5.2 * len(table.curve_metrics), 7.0)  # one panel: wide enough for the table's title
     fig, axes = plt.subplots(len(columns), len(table.curve_metrics), figsize=(width, 3.6 * len(columns)), squeeze=False)
     for i, col in enumerate(columns):

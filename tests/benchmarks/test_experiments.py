@@ -302,6 +302,20 @@ def test_utkface_table_scale_is_the_shipped_configs_scale() -> None:
             assert b.column == row.column or (row.init_from and b.config == row.config and b.overrides == row.overrides), (row.key, base)
 
 
+def test_cached_curves_under_an_older_spec_are_read_again_from_the_logs(tmp_path) -> None:
+    run = tmp_path / "ce" / "seed0"
+    run.mkdir(parents=True)
+    _write_csv(run / "metrics.csv", [{"epoch": 0, "step": 9, "val/mae": 1.5, "val/qwk": 0.4},
+                                     {"epoch": 1, "step": 19, "val/mae": 1.25, "val/qwk": 0.5}])
+    old = {"row": "ce", "seed": 0, "ok": True, "metrics": {}, "wall_s": 1.0, "run_dir": str(run),
+           "curves": {"val/mae": [[0, 9.0]], "val/qwk": [[0, 9.0]]}}  # keys of an earlier table version
+    curves = _complete_record(TABLES["utkface"], old)["curves"]
+    assert curves["val/mae|val/online_probe/mae"] == [[0, 1.5], [1, 1.25]]
+    assert curves["val/qwk|val/online_probe/qwk"] == [[0, 0.4], [1, 0.5]]
+    gone = {**old, "run_dir": str(tmp_path / "deleted"), "curves": {"val/mae": [[0, 9.0]]}}
+    assert _complete_record(TABLES["utkface"], gone)["curves"] == {"val/mae": [[0, 9.0]]}  # no logs: kept as recorded
+
+
 def test_rows_that_start_from_another_row_come_after_it(tmp_path) -> None:
     from benchmarks.experiments import INIT_WEIGHTS
 
