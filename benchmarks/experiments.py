@@ -230,8 +230,8 @@ UTKFACE = Table(
 # 113 ms/step (0.4 M parameters: too small to say much), test_resnet with the CIFAR 3x3 stem
 # 1084 ms, resnet18 with the CIFAR stem ~16x the standard stem's FLOPs (hours per run),
 # resnet18 397 ms -> about 12.5 min of steps for 30 epochs of SupCon, ~20 min for ReLIC's
-# 2 + 2 views, within the ~25 min a run may take here (measured later: ~55-80 s an epoch with
-# data loading, so 27-40 min).  The probe fits on half of the training split (4,476 images,
+# 2 + 2 views, within the ~25 min a run may take here (measured later, data loading included:
+# SupCon ~55-70 s an epoch, ~30 min a run; ReLIC ~2 min an epoch, ~1 h a run).  The probe fits on half of the training split (4,476 images,
 # per-class hash halves, eval transform, the same subset for every row) and scores the 10,000
 # test images.
 _CIFAR_STEPS = 30 * 69  # optimiser steps of a 30-epoch run: 8,955 training images // batch 128 (drop_last)
