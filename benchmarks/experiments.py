@@ -679,10 +679,10 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
                                                       "earlier": resumed}))
     start = time.perf_counter()
     try:
-        if row.init_from is not None and not init_weights_path(run_dir, row, seed).is_file():
-            raise RuntimeError(f"row {row.key} starts from row {row.init_from}'s weights, but "
-                               f"{init_weights_path(run_dir, row, seed)} does not exist: run --rows {row.init_from} "
-                               f"--seeds {seed} first (same --runs-dir)")
+        source = init_weights_path(run_dir, row, seed) if row.init_from is not None else None
+        if source is not None and not source.is_file():
+            raise RuntimeError(f"row {row.key} starts from row {row.init_from}'s weights, but {source} does not exist: "
+                               f"run --rows {row.init_from} --seeds {seed} first (same --runs-dir)")
         if row.kind in ("supervised", "pretrain", "encoder"):
             cmd = fit_command(table, row, seed, run_dir, data_root, quick, extra)
             if resumed:

@@ -159,6 +159,10 @@ class TensorImageDataset(LabelledDataset):
         return self.images[index]
 
 
+#: what PIL raises for an unreadable or corrupt image file
+_UNREADABLE = (OSError, ValueError, SyntaxError)
+
+
 class ImageFileDataset(LabelledDataset):
     """Image files with labels, read with PIL and converted to RGB.
 
@@ -185,25 +189,23 @@ class ImageFileDataset(LabelledDataset):
     def describe(self, index: int) -> str:
         return self.files[index]
 
-    def unreadable(self, indices: Sequence[int] | None = None) -> list[int]:
-        """The indices (of ``indices``, default all) whose file PIL cannot decode, in order.
+    def unreadable(self) -> list[int]:
+        """The indices whose file PIL cannot decode, in order.
 
         Decodes every file once (threads: PIL releases the GIL while it decodes).
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        todo = list(range(len(self.files))) if indices is None else [int(i) for i in indices]
-
         def bad(i: int) -> bool:
             try:
                 self.load(i)
-            except (OSError, ValueError, SyntaxError):
+            except _UNREADABLE:
                 return True
             return False
 
         with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            flags = list(pool.map(bad, todo, chunksize=64))
-        return [i for i, f in zip(todo, flags, strict=True) if f]
+            flags = list(pool.map(bad, range(len(self.files)), chunksize=64))
+        return [i for i, f in enumerate(flags) if f]
 
     def load(self, index: int) -> Image.Image:
         with Image.open(self.files[index]) as img:
@@ -215,7 +217,7 @@ class ImageFileDataset(LabelledDataset):
             i = (index + attempt) % n
             try:
                 return self.load(i), self.targets[i]
-            except (OSError, ValueError, SyntaxError) as e:  # PIL raises these for unreadable/corrupt files
+            except _UNREADABLE as e:
                 if self.bad_files == "raise":
                     raise RuntimeError(
                         f"Cannot read image {self.files[i]!r} ({type(e).__name__}: {e}). "
