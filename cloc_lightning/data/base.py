@@ -34,9 +34,11 @@ from typing import Any, ClassVar, Literal
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from cloc_lightning.data.eval_sharding import exact_eval_loader
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -693,18 +695,66 @@ class BaseDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup('fit') first"
         return self._loader(self.train_set, self.batch_size, True, self.drop_last)
 
+    def _eval_loader(self, ds: Dataset[Any], split: str) -> DataLoader[Any]:
+        """Validation/test loader; under DDP each process's share, every sample evaluated once.
+
+        Lightning's own ``DistributedSampler`` repeats up to ``world_size - 1`` samples so
+        that the shares have equal length; :func:`~cloc_lightning.data.eval_sharding.exact_eval_loader`
+        shards without repeats (equal numbers of batches, not of samples), so epoch metrics
+        under DDP equal those of one process.  Not under ``Trainer(use_distributed_sampler=False)``
+        (the user shards), and not where it cannot be done (fewer samples than processes, or
+        ``eval_batch_size`` 1 with uneven shares): then Lightning's repeating sampler, with a warning.
+        """
+        trainer = self.trainer
+        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+        replicas = int(kwargs.get("num_replicas", 1)) if kwargs else 1
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if replicas <= 1 or not getattr(connector, "use_distributed_sampler", True):
+            return self._loader(ds, self.eval_batch_size, False, False)
+        assert kwargs is not None
+        workers = self.num_workers
+        loader = exact_eval_loader(
+            ds,
+            self.eval_batch_size,
+            replicas,
+            int(kwargs["rank"]),
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        if loader is not None:
+            return loader
+        n = len(ds)  # type: ignore[arg-type]
+        fix = (
+            f"use at most {n} processes for {split}"
+            if n < replicas
+            else f"set data.eval_batch_size to 2 or more, or a number of processes that divides {n}"
+        )
+        rank_zero_warn(
+            f"the {split} split ({n} samples) cannot be shared between {replicas} processes with every sample "
+            f"evaluated once (eval_batch_size={self.eval_batch_size}); Lightning's DistributedSampler repeats "
+            f"{-n % replicas} of them, so the {split} metrics are not exactly the single-process ones: {fix}",
+        )
+        return self._loader(ds, self.eval_batch_size, False, False)
+
     def val_dataloader(self) -> DataLoader[Any]:
         assert self.val_set is not None, "call setup() first"
-        return self._loader(self.val_set, self.eval_batch_size, False, False)
+        return self._eval_loader(self.val_set, "val")
 
     def test_dataloader(self) -> DataLoader[Any]:
         assert self.test_set is not None, "call setup() first"
-        return self._loader(self.test_set, self.eval_batch_size, False, False)
+        return self._eval_loader(self.test_set, "test")
 
     def predict_dataloader(self) -> DataLoader[Any]:
-        """The ``predict_root`` images when set, else the test split (in order)."""
+        """The ``predict_root`` images when set, else the test split (in order).
+
+        A plain loader: under DDP Lightning shards it without repeats itself (and tracks the
+        indices :class:`~cloc_lightning.callbacks.PredictionWriter` merges the ranks' rows by).
+        """
         if self.predict_root is None:
-            return self.test_dataloader()
+            assert self.test_set is not None, "call setup() first"
+            return self._loader(self.test_set, self.eval_batch_size, False, False)
         assert self.predict_set is not None, "call setup('predict') first"
         return self._loader(self.predict_set, self.eval_batch_size, False, False)
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from torch import nn
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 
 from cloc_lightning.checkpoints import (
     DEFAULT_ENCODER_PREFIX,
@@ -240,6 +240,7 @@ class BaseModule(L.LightningModule):
             )
         self.save_hyperparameters(ignore=list(self.hparams_ignore))
         self._initialised_from: str | None = None
+        self.eval_means = nn.ModuleDict()  # the MeanMetrics of log_eval_mean, made on first use
         self.prepare_build()
         self.backbone, self.feature_dim = self.build_backbone()
 
@@ -273,6 +274,28 @@ class BaseModule(L.LightningModule):
     def monitor_mode(self) -> Literal["min", "max"]:
         """Whether :attr:`monitor` is better lower (``min``) or higher (``max``)."""
         return "min"
+
+    def log_eval_mean(self, name: str, value: torch.Tensor, weight: int | torch.Tensor) -> None:
+        """Log ``value`` (a batch mean over ``weight`` rows) as the epoch's weighted mean, exact under DDP.
+
+        For validation/test losses and other per-batch means: a torchmetrics ``MeanMetric``
+        per ``name`` (made on first use, in :attr:`eval_means`) accumulates ``value *
+        weight`` and ``weight`` and synchronises both sums across processes at epoch end.
+        ``self.log(..., sync_dist=True, batch_size=n)`` would not be exact when processes
+        evaluate different numbers of rows, as they do under DDP here (every sample once,
+        :mod:`cloc_lightning.data.eval_sharding`): Lightning accumulates the batch sizes in an
+        integer tensor and its gloo ``mean`` divides it in place by the world size,
+        truncating it (ranks with 9 and 8 rows: ``17 / 2 -> 8``).  NaN values are kept (the
+        logged mean is NaN), not dropped.
+        """
+        key = name.replace(".", "_")
+        if key not in self.eval_means:
+            # nan_strategy NaN: a NaN value makes the mean NaN (the default drops it with a warning;
+            # "disable" would also drop the weights: torchmetrics 1.9 then takes every weight as 1)
+            self.eval_means[key] = MeanMetric(nan_strategy=float("nan")).to(value.device)
+        metric = cast(MeanMetric, self.eval_means[key])
+        metric.update(value.detach().float(), torch.as_tensor(weight, dtype=torch.float32, device=value.device))
+        self.log(name, metric, on_step=False, on_epoch=True, metric_attribute=f"eval_means.{key}")
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Optimiser parameter groups; override to give parts their own lr/weight decay.
@@ -634,7 +657,7 @@ class ClassifierModule(BaseModule):
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         logits = self(x)
         loss = F.cross_entropy(logits.float(), y)
-        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=y.shape[0])
+        self.log_eval_mean(f"{stage}/loss", loss, y.shape[0])
         if metrics is None:  # plain-Python use (no setup)
             val, test = self._make_metrics("ordinal" if self.task == "auto" else self.task)
             metrics = (val if stage == "val" else test).to(logits.device)

@@ -156,10 +156,17 @@ class PretrainModule(BaseModule):
     def log_online_eval(self, features: torch.Tensor, y: torch.Tensor, stage: Literal["val", "test"]) -> None:
         """Update and log the probe's ``<stage>/online_probe/*`` metrics and (``val``) the kNN accuracy."""
         logs, knn = self.online_eval.eval_step(features, y, stage)
-        if logs:
-            self.log_dict(logs, on_step=False, on_epoch=True, sync_dist=True, batch_size=int(y.shape[0]))
+        labelled = (y >= 0).sum()  # the probe's loss and the kNN accuracy are means over the labelled rows
+        metrics: dict[str, Any] = {}
+        for name, value in logs.items():
+            if isinstance(value, torch.Tensor):
+                self.log_eval_mean(name, value, labelled)
+            else:
+                metrics[name] = value
+        if metrics:
+            self.log_dict(metrics, on_step=False, on_epoch=True)
         if knn is not None:
-            self.log(f"{stage}/knn/acc", knn, on_step=False, on_epoch=True, sync_dist=True, batch_size=int((y >= 0).sum()))
+            self.log_eval_mean(f"{stage}/knn/acc", knn, labelled)
 
     def _eval_step(self, batch: Any, stage: Literal["val", "test"]) -> None:
         x, y = self.split_batch(batch, owner=type(self).__name__)

@@ -670,6 +670,6 @@ class ReLICModule(PretrainModule):
         target = [self.target_outputs(views[i])[1] for i in range(self.num_global_views)]
         online = [self.online_projection(v) for v in views]
         loss, inv = self.multicrop_loss(online, target, self.gamma_at(step), step)
-        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=bsz)
-        self.log(f"{stage}/invariance", inv, on_epoch=True, sync_dist=True, batch_size=bsz)
+        self.log_eval_mean(f"{stage}/loss", loss, bsz)
+        self.log_eval_mean(f"{stage}/invariance", inv, bsz)
         return self.extract_features(views[0])

@@ -220,5 +220,5 @@ class SupConModule(PretrainModule):
         """Multi-view evaluation data: log the contrastive loss; evaluate the first view's backbone features."""
         bsz = int(y.shape[0])
         loss, feats = self.contrastive_loss(views, y)
-        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=bsz)
+        self.log_eval_mean(f"{stage}/loss", loss, bsz)
         return feats[:bsz]

@@ -143,7 +143,7 @@ def test_multi_view_validation_batches_log_the_contrastive_loss() -> None:
     model = SupConModule(backbone=TINY_BACKBONE, num_classes=3, task="nominal")
     model.eval()
     logged: dict[str, float] = {}
-    model.log = lambda name, value, **kw: logged.__setitem__(name, float(value))  # type: ignore[method-assign]
+    model.log = lambda name, value, **kw: logged.update(_metric_values({name: value}))  # type: ignore[method-assign]
     model.log_dict = lambda d, **kw: logged.update(_metric_values(d))  # type: ignore[method-assign]
     with torch.no_grad():
         model.validation_step(([torch.randn(5, 3, 32, 32)] * 2, torch.tensor([0, 1, 2, 0, 1])), 0)
