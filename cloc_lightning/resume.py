@@ -21,6 +21,10 @@ callback states.  What they lack, and where this module puts it back:
   checkpoint (:func:`collect_rng_states`) and restores them at ``on_train_start`` of the
   resumed fit (:func:`set_rng_states`).
 
+Under DDP each process's share of epoch ``e``'s order comes from :class:`DistributedEpochShuffleSampler`
+(the same ``(seed, e)`` permutation, dealt out as Lightning's ``DistributedSampler`` does), so a
+mid-epoch resume is exact there too.
+
 Every :class:`~cloc_lightning.methods.base.BaseModule` adds :class:`ResumeState`
 (``configure_callbacks``) and every data module builds its training loader from
 :class:`ResumableDataLoader` and :class:`EpochShuffleSampler`.  ``tests/test_reliability_checkpoints.py``
@@ -43,7 +47,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from cloc_lightning.checkpoints import read_checkpoint
 
@@ -52,6 +56,7 @@ __all__ = [
     "sample_seed",
     "sample_rng",
     "EpochShuffleSampler",
+    "DistributedEpochShuffleSampler",
     "ResumableDataLoader",
     "collect_rng_states",
     "set_rng_states",
@@ -96,8 +101,9 @@ class EpochShuffleSampler(RandomSampler):
     Epoch ``e`` always uses ``randperm(n, generator seeded from (seed, e))``; Lightning
     calls :meth:`set_epoch` at the start of every epoch (and the checkpointed epoch when
     resuming).  ``skip(n)`` drops the first ``n`` indices of the next pass only (mid-epoch
-    resume, see :class:`ResumableDataLoader`).  Being a ``RandomSampler``, Lightning
-    replaces it by a ``DistributedSampler`` (itself epoch-seeded) under DDP.
+    resume, see :class:`ResumableDataLoader`).  Under DDP the data modules use
+    :class:`DistributedEpochShuffleSampler` instead (Lightning would replace this
+    ``RandomSampler`` by its own ``DistributedSampler``).
     """
 
     def __init__(self, data_source: Any, seed: int = 0) -> None:
@@ -124,6 +130,48 @@ class EpochShuffleSampler(RandomSampler):
         yield from order[start:]
 
 
+class DistributedEpochShuffleSampler(DistributedSampler):  # type: ignore[type-arg]
+    """:class:`EpochShuffleSampler` for one process of a distributed run: its share of epoch ``e``'s order.
+
+    Epoch ``e``'s order of the whole set is ``randperm(n)`` seeded from ``(seed, e)``; as
+    Lightning's ``DistributedSampler`` it is padded with its own first indices to a
+    multiple of ``num_replicas`` (or cut to one, with ``drop_last``) and process ``r``
+    takes positions ``r, r + W, ...``.  ``skip(n)`` drops the first ``n`` indices of this
+    process's next pass only, so a fit killed in the middle of an epoch under DDP resumes
+    with the next batch of that epoch on every process (:class:`ResumableDataLoader`),
+    where Lightning's sampler would start the epoch over.  The data modules give it to
+    their training loader when the trainer is distributed; Lightning keeps a loader whose
+    sampler is already a ``DistributedSampler``.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=int(seed), drop_last=drop_last)
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s order from the next pass on (a pending skip belongs to its epoch only)."""
+        if int(epoch) != self.epoch:
+            self._skip = 0
+        super().set_epoch(int(epoch))
+
+    def skip(self, n: int) -> None:
+        """Start this process's next pass at position ``n`` of its share."""
+        self._skip = max(0, int(n))
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator()
+        g.manual_seed(epoch_seed(self.seed, self.epoch))
+        order = torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+        if self.drop_last:
+            order = order[: self.total_size]
+        else:
+            while len(order) < self.total_size:  # pad with the order's own first indices (as DistributedSampler)
+                order += order[: self.total_size - len(order)]
+        share = order[self.rank : self.total_size : self.num_replicas]
+        start, self._skip = self._skip, 0
+        yield from share[start:]
+
+
 class ResumableDataLoader(DataLoader[Any]):
     """The training ``DataLoader``: its epoch and position are saved in checkpoints and restored on resume.
 
@@ -135,7 +183,8 @@ class ResumableDataLoader(DataLoader[Any]):
     (workers start, and the sampler is read, at the first batch), so the epoch that
     Lightning sets just before the epoch starts is always the one used.  With another
     sampler (e.g. Lightning's ``DistributedSampler`` under DDP) the epoch is restored but
-    a mid-epoch resume restarts that epoch's order (Lightning's behaviour).
+    a mid-epoch resume restarts that epoch's order (Lightning's behaviour); the data
+    modules avoid that under DDP with :class:`DistributedEpochShuffleSampler`.
 
     At the start of every pass, before any index reaches a worker, the sampler's epoch is
     passed to the dataset's ``set_epoch`` (when it has one:
@@ -182,7 +231,7 @@ class ResumableDataLoader(DataLoader[Any]):
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
-        if done and isinstance(sampler, EpochShuffleSampler) and self.batch_size:
+        if done and isinstance(sampler, (EpochShuffleSampler, DistributedEpochShuffleSampler)) and self.batch_size:
             sampler.skip(done * int(self.batch_size))
             self._resume_batches = done
         elif done:

@@ -48,7 +48,7 @@ from cloc_lightning.data.transforms import (
     train_transform,
 )
 from cloc_lightning.metrics import Task
-from cloc_lightning.resume import EpochShuffleSampler, ResumableDataLoader, sample_rng
+from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler, ResumableDataLoader, sample_rng
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 log = logging.getLogger(__name__)
@@ -674,6 +674,9 @@ class BaseDataModule(L.LightningDataModule):
     def _loader(self, ds: Dataset[Any], batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader[Any]:
         """Shuffled loaders are a :class:`ResumableDataLoader` over an :class:`EpochShuffleSampler` (exact resume).
 
+        Under DDP the sampler is a :class:`~cloc_lightning.resume.DistributedEpochShuffleSampler`
+        (this process's share of the same epoch order), which Lightning keeps as it is.
+
         Every loader has its own generator (worker seeds) and the training set seeds its
         augmentations per sample (:class:`TransformedSubset`), so iterating data never
         draws from the global RNG (whose state checkpoints restore on resume).
@@ -687,9 +690,27 @@ class BaseDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
             generator=torch.Generator().manual_seed(self.seed),
         )
-        if shuffle:  # no ``shuffle=`` argument: Lightning sees a RandomSampler, i.e. a shuffled loader (DDP)
-            return ResumableDataLoader(ds, sampler=EpochShuffleSampler(ds, self.seed), **common)
+        if shuffle:
+            shard = self._distributed()
+            if shard is not None:  # each process's share of the epoch's order, resumable mid-epoch
+                sampler: Any = DistributedEpochShuffleSampler(ds, shard[0], shard[1], seed=self.seed)
+            else:  # no ``shuffle=`` argument: Lightning sees a RandomSampler, i.e. a shuffled loader
+                sampler = EpochShuffleSampler(ds, self.seed)
+            return ResumableDataLoader(ds, sampler=sampler, **common)
         return DataLoader(ds, shuffle=False, **common)
+
+    def _distributed(self) -> tuple[int, int] | None:
+        """``(num_replicas, rank)`` when the trainer is distributed and lets the data shard, else ``None``.
+
+        ``Trainer(use_distributed_sampler=False)`` means the user shards: then ``None`` too.
+        """
+        trainer = self.trainer
+        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+        if not kwargs or int(kwargs.get("num_replicas", 1)) <= 1:
+            return None
+        if not getattr(getattr(trainer, "_accelerator_connector", None), "use_distributed_sampler", True):
+            return None
+        return int(kwargs["num_replicas"]), int(kwargs["rank"])
 
     def train_dataloader(self) -> DataLoader[Any]:
         assert self.train_set is not None, "call setup('fit') first"
@@ -705,19 +726,16 @@ class BaseDataModule(L.LightningDataModule):
         (the user shards), and not where it cannot be done (fewer samples than processes, or
         ``eval_batch_size`` 1 with uneven shares): then Lightning's repeating sampler, with a warning.
         """
-        trainer = self.trainer
-        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
-        replicas = int(kwargs.get("num_replicas", 1)) if kwargs else 1
-        connector = getattr(trainer, "_accelerator_connector", None)
-        if replicas <= 1 or not getattr(connector, "use_distributed_sampler", True):
+        shard = self._distributed()
+        if shard is None:
             return self._loader(ds, self.eval_batch_size, False, False)
-        assert kwargs is not None
+        replicas, rank = shard
         workers = self.num_workers
         loader = exact_eval_loader(
             ds,
             self.eval_batch_size,
             replicas,
-            int(kwargs["rank"]),
+            rank,
             num_workers=workers,
             pin_memory=self.pin_memory,
             persistent_workers=workers > 0,
