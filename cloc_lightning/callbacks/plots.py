@@ -19,7 +19,7 @@ from cloc_lightning.callbacks._util import run_dir, tensorboard
 from cloc_lightning.plots import confusion_figure, embedding_figure, save_figure
 from cloc_lightning.validation import check_choice
 
-__all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs"]
+__all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs", "whole_split"]
 
 #: how :class:`EmbeddingPlot` maps features to 2-D
 Projection = Literal["pca", "tsne"]
@@ -64,6 +64,18 @@ def collect_outputs(
     return torch.cat(feats)[:max_points].numpy(), lg, torch.cat(labels)[:max_points].numpy()
 
 
+def whole_split(dm: Any, split: Literal["val", "test"]) -> Any:
+    """A loader of the data module's whole ``split`` (``whole_split_dataloader`` when it has one).
+
+    Under DDP our data modules' ``val_dataloader`` / ``test_dataloader`` give each process
+    its share only; the plots run on rank 0 and show every sample.
+    """
+    whole = getattr(dm, "whole_split_dataloader", None)
+    if callable(whole):
+        return whole(split)
+    return dm.val_dataloader() if split == "val" else dm.test_dataloader()
+
+
 def project_2d(x: np.ndarray, method: Projection = "pca", seed: int = 0) -> np.ndarray:
     """``[N, D] -> [N, 2]`` by PCA or t-SNE (scikit-learn; t-SNE after a 50-d PCA)."""
     from sklearn.decomposition import PCA
@@ -105,7 +117,7 @@ class EmbeddingPlot(Callback):
         dm = getattr(trainer, "datamodule", None)
         if not trainer.is_global_zero or dm is None:
             return
-        feats, _, labels = collect_outputs(pl_module, dm.val_dataloader(), self.max_points, want_logits=False)
+        feats, _, labels = collect_outputs(pl_module, whole_split(dm, "val"), self.max_points, want_logits=False)
         names = getattr(dm, "class_names", None)
         title = f"{type(pl_module).__name__}: validation embedding ({self.method.upper()})"
         fig = embedding_figure(project_2d(feats, self.method), labels, names, title)
@@ -119,19 +131,21 @@ class ConfusionMatrixPlot(Callback):
     def __init__(self, max_points: int = 100_000) -> None:
         self.max_points = max_points
         self.paths: dict[str, str] = {}
+        #: the last matrix drawn per stage (rows: true class, columns: predicted), on rank 0
+        self.matrices: dict[str, np.ndarray] = {}
 
     def _plot(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         folder = run_dir(trainer)  # every rank (a collective under DDP)
         dm = getattr(trainer, "datamodule", None)
         if not trainer.is_global_zero or dm is None:
             return
-        loader = dm.val_dataloader() if stage == "val" else dm.test_dataloader()
-        _, logits, labels = collect_outputs(pl_module, loader, self.max_points)
+        _, logits, labels = collect_outputs(pl_module, whole_split(dm, stage), self.max_points)  # type: ignore[arg-type]
         if logits is None:
             return
         n = logits.shape[1]
         cm = np.zeros((n, n), dtype=np.int64)
         np.add.at(cm, (labels, logits.argmax(1)), 1)
+        self.matrices[stage] = cm
         names = getattr(dm, "class_names", None)
         fig = confusion_figure(cm, names, f"{type(pl_module).__name__}: {stage} confusion")
         self.paths[stage] = _write(trainer, fig, folder, f"confusion_{stage}.png", f"plots/confusion_{stage}")

@@ -756,6 +756,15 @@ class BaseDataModule(L.LightningDataModule):
         )
         return self._loader(ds, self.eval_batch_size, False, False)
 
+    def whole_split_dataloader(self, split: Literal["val", "test"]) -> DataLoader[Any]:
+        """The whole ``val`` or ``test`` split in order, on every process (not this process's DDP share).
+
+        For code that reads a split outside Lightning's loops on one rank (the plot callbacks).
+        """
+        ds = {"val": self.val_set, "test": self.test_set}[check_choice("split", split, ("val", "test"))]
+        assert ds is not None, "call setup() first"
+        return self._loader(ds, self.eval_batch_size, False, False)
+
     def val_dataloader(self) -> DataLoader[Any]:
         assert self.val_set is not None, "call setup() first"
         return self._eval_loader(self.val_set, "val")

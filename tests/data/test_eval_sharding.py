@@ -127,6 +127,11 @@ def test_data_module_shards_val_and_test_exactly_under_ddp() -> None:
     # predict keeps a plain loader: Lightning shards it without repeats itself and tracks the indices
     dm.trainer = _stand_in_trainer(2, 0)
     assert not isinstance(dm.predict_dataloader().sampler, DistributedSampler)
+    # what rank-0-only readers (the plot callbacks) use: the whole split, in order
+    for split in ("val", "test"):
+        assert [int(v) for _, y in dm.whole_split_dataloader(split) for v in y] == labels[split]
+    with pytest.raises(ValueError, match="split"):
+        dm.whole_split_dataloader("train")  # type: ignore[arg-type]
 
 
 def test_data_module_keeps_plain_loaders_on_one_process_or_when_the_user_shards() -> None:

@@ -8,7 +8,8 @@ built with the same weights in two externally created processes (the ``torchrun`
 run on sets of 17 samples in batches of 8: the 2 ranks hold 9 and 8 samples (rank 1's as
 7 + 1, so both run 2 steps, each with collectives).  Per-sample metrics (accuracy, MAE, QWK,
 ±1 accuracy, expected-rank MAE, the online probes') must equal the single-process ones,
-and the ranks together must see each sample once.  The contrastive methods' evaluation
+and the ranks together must see each sample once; ``ConfusionMatrixPlot`` (rank 0 alone)
+still counts the whole test split.  The contrastive methods' evaluation
 losses depend on the batch (the contrast set is the global batch) and are not compared;
 the cross-entropy losses of CE, CLOC and OrdinalCLIP are (``BaseModule.log_eval_mean``: a ``MeanMetric``
 weighted by rows, exact when ranks hold different numbers of rows).
@@ -27,6 +28,7 @@ import lightning as L
 import pytest
 import torch
 
+from cloc_lightning.callbacks import ConfusionMatrixPlot
 from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule, SupConViews
 from cloc_lightning.methods import CEModule, CLOCModule, SupConModule
 from tests._ddp import run_distributed
@@ -105,13 +107,15 @@ class SampleCounter(L.Callback):
 def _evaluate(name: str, devices: int, strategy: str, root: Path) -> dict[str, Any]:
     model, dm = _build(name)
     counter = SampleCounter()
+    plot = ConfusionMatrixPlot()  # runs on rank 0 alone, on the whole test split
     trainer = L.Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), callbacks=[counter],
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), callbacks=[counter, plot],
     )
     val = trainer.validate(model, datamodule=dm, verbose=False)[0]
     test = trainer.test(model, datamodule=dm, verbose=False)[0]
-    return {"metrics": {**val, **test}, "rows": dict(counter.rows)}
+    plotted = int(plot.matrices["test"].sum()) if "test" in plot.matrices else None
+    return {"metrics": {**val, **test}, "rows": dict(counter.rows), "plotted": plotted}
 
 
 def _evaluate_every_method(rank: int, world_size: int, work: str) -> dict[str, Any]:
@@ -146,5 +150,9 @@ def test_ddp_validate_and_test_equal_one_process(ddp_results: list[dict[str, Any
         got, want = (torch.tensor([float(m[k]) for k in compared], dtype=torch.float64) for m in (result["metrics"], single["metrics"]))
         differ = {k: (float(a), float(b)) for k, a, b in zip(compared, got, want, strict=True) if not torch.isclose(a, b, rtol=1e-5, atol=1e-6)}
         assert not differ, f"DDP vs one process: {differ}"
+    # the confusion matrix (rank 0, classifying modules) counts the whole test split, not rank 0's share
+    if single["plotted"] is not None:
+        assert single["plotted"] == EVAL_SIZE and [r["plotted"] for r in ranks] == [EVAL_SIZE, None]
+    assert name not in ("ce", "cloc", "ordinal_clip") or single["plotted"] == EVAL_SIZE
     # each sample once: 9 + 8 rows per split
     assert sorted(r["rows"]["val"] for r in ranks) == [8, 9] and sorted(r["rows"]["test"] for r in ranks) == [8, 9]
