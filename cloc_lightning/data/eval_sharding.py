@@ -18,9 +18,9 @@ process runs the same number of non-empty steps.  The loader iterates index *bat
 a dataset view that loads and collates a whole batch (:class:`BatchedView`), i.e. a
 ``DataLoader`` with automatic batching off (``batch_size=None``).
 
-With the torchmetrics state synchronised at epoch end and the step losses logged with
-``batch_size`` (Lightning then reduces ``sum(value * batch) / sum(batch)`` over ranks),
-the epoch metrics of a DDP validation or test equal those of one process.
+With the torchmetrics states summed over ranks at epoch end and the step losses logged as
+row-weighted means (:meth:`~cloc_lightning.methods.base.BaseModule.log_eval_mean`), the
+epoch metrics of a DDP validation or test equal those of one process.
 
 It cannot be done when a process would get no sample (fewer samples than processes) or
 when ``batch_size`` is 1 and the shares differ (one process would have one more step):

@@ -286,7 +286,7 @@ class BaseModule(L.LightningModule):
         :mod:`cloc_lightning.data.eval_sharding`): Lightning accumulates the batch sizes in an
         integer tensor and its gloo ``mean`` divides it in place by the world size,
         truncating it (ranks with 9 and 8 rows: ``17 / 2 -> 8``).  NaN values are kept (the
-        logged mean is NaN), not dropped.
+        logged mean is NaN), not dropped; a value with ``weight`` 0 adds nothing.
         """
         key = name.replace(".", "_")
         if key not in self.eval_means:
@@ -294,7 +294,9 @@ class BaseModule(L.LightningModule):
             # "disable" would also drop the weights: torchmetrics 1.9 then takes every weight as 1)
             self.eval_means[key] = MeanMetric(nan_strategy=float("nan")).to(value.device)
         metric = cast(MeanMetric, self.eval_means[key])
-        metric.update(value.detach().float(), torch.as_tensor(weight, dtype=torch.float32, device=value.device))
+        w = torch.as_tensor(weight, dtype=torch.float32, device=value.device)
+        v = torch.where(w > 0, value.detach().float(), torch.zeros_like(w))  # a mean over 0 rows (NaN) adds nothing
+        metric.update(v, w)
         self.log(name, metric, on_step=False, on_epoch=True, metric_attribute=f"eval_means.{key}")
 
     def param_groups(self) -> list[dict[str, Any]]:

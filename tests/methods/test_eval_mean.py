@@ -61,3 +61,4 @@ def _custom(values: list[tuple[float, int]]) -> float:
 def test_log_eval_mean_weights_and_keeps_nan() -> None:
     assert math.isclose(_custom([(1.0, 8), (4.0, 1), (2.0, 3)]), (8 + 4 + 6) / 12, rel_tol=1e-6)
     assert math.isnan(_custom([(1.0, 8), (float("nan"), 1)]))  # a NaN loss shows, it is not dropped
+    assert math.isclose(_custom([(1.0, 8), (float("nan"), 0), (4.0, 1)]), 12 / 9, rel_tol=1e-6)  # a mean over 0 rows adds nothing
