@@ -10,6 +10,7 @@ module level (spawned processes import it by name).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,12 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callab
     finally:
         dist.barrier()
         dist.destroy_process_group()
+    # Done and saved: leave without the interpreter's shutdown, during which a gloo process sometimes
+    # aborts ("terminate called without an active exception", SIGABRT; see tests/e2e/test_e2e.py::test_ddp).
+    # An exception above still propagates to torch.multiprocessing, which reports it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> list[Any]:
