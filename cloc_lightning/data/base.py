@@ -681,15 +681,7 @@ class BaseDataModule(L.LightningDataModule):
         augmentations per sample (:class:`TransformedSubset`), so iterating data never
         draws from the global RNG (whose state checkpoints restore on resume).
         """
-        workers = self.num_workers
-        common: dict[str, Any] = dict(
-            batch_size=batch_size,
-            drop_last=drop_last,
-            num_workers=workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=workers > 0,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
+        common: dict[str, Any] = dict(batch_size=batch_size, drop_last=drop_last, **self._worker_kwargs())
         if shuffle:
             shard = self._distributed()
             if shard is not None:  # each process's share of the epoch's order, resumable mid-epoch
@@ -698,6 +690,16 @@ class BaseDataModule(L.LightningDataModule):
                 sampler = EpochShuffleSampler(ds, self.seed)
             return ResumableDataLoader(ds, sampler=sampler, **common)
         return DataLoader(ds, shuffle=False, **common)
+
+    def _worker_kwargs(self) -> dict[str, Any]:
+        """The ``DataLoader`` options every loader shares (workers, pinning, its own worker-seed generator)."""
+        workers = self.num_workers
+        return dict(
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def _distributed(self) -> tuple[int, int] | None:
         """``(num_replicas, rank)`` when the trainer is distributed and lets the data shard, else ``None``.
@@ -730,17 +732,7 @@ class BaseDataModule(L.LightningDataModule):
         if shard is None:
             return self._loader(ds, self.eval_batch_size, False, False)
         replicas, rank = shard
-        workers = self.num_workers
-        loader = exact_eval_loader(
-            ds,
-            self.eval_batch_size,
-            replicas,
-            rank,
-            num_workers=workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=workers > 0,
-            generator=torch.Generator().manual_seed(self.seed),
-        )
+        loader = exact_eval_loader(ds, self.eval_batch_size, replicas, rank, **self._worker_kwargs())
         if loader is not None:
             return loader
         n = len(ds)  # type: ignore[arg-type]

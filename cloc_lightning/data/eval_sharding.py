@@ -68,9 +68,13 @@ class ExactEvalBatches(DistributedSampler):  # type: ignore[type-arg]
     sharded and leaves it alone; it does not shuffle and ignores ``set_epoch``.
     """
 
-    def __init__(self, dataset: Sized, batch_size: int, num_replicas: int, rank: int) -> None:
+    def __init__(
+        self, dataset: Sized, batch_size: int, num_replicas: int, rank: int, batches: list[list[int]] | None = None
+    ) -> None:
+        """``batches``: the plan of :func:`exact_eval_batches` when the caller already has it."""
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)  # type: ignore[arg-type]
-        batches = exact_eval_batches(len(dataset), batch_size, num_replicas, rank)
+        if batches is None:
+            batches = exact_eval_batches(len(dataset), batch_size, num_replicas, rank)
         if batches is None:
             raise ValueError(
                 f"{len(dataset)} samples cannot be shared between {num_replicas} processes with every sample once "
@@ -110,10 +114,11 @@ def exact_eval_loader(
     ``pin_memory``, ``persistent_workers``, ``generator``...).  ``None`` where
     :func:`exact_eval_batches` says it cannot be done.
     """
-    if exact_eval_batches(len(dataset), batch_size, num_replicas, rank) is None:
-        return None
     for key in ("sampler", "batch_sampler", "shuffle", "drop_last"):
         if key in loader_kwargs:
             raise TypeError(f"exact_eval_loader sets {key!r} itself")
-    sampler = ExactEvalBatches(dataset, batch_size, num_replicas, rank)
+    batches = exact_eval_batches(len(dataset), batch_size, num_replicas, rank)
+    if batches is None:
+        return None
+    sampler = ExactEvalBatches(dataset, batch_size, num_replicas, rank, batches=batches)
     return DataLoader(BatchedView(dataset), batch_size=None, sampler=sampler, **loader_kwargs)
