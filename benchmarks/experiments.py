@@ -46,6 +46,7 @@ overrides to every row with ``--extra`` (e.g. ``--extra --trainer.max_epochs 30
 from __future__ import annotations
 
 import argparse
+import calendar
 import csv
 import hashlib
 import importlib
@@ -607,7 +608,10 @@ def _complete_record(table: Table, rec: dict[str, Any]) -> dict[str, Any]:
 
     A run that was stopped (SIGSTOP) while another job had the machine has a ``paused.json``
     (``{"paused_s": seconds, "why": [...]}``, written by whoever stopped it); that time is taken
-    out of its wall time (the recorded value stays as ``wall_s_recorded``).
+    out of its wall time (the recorded value stays as ``wall_s_recorded``).  With
+    ``"intervals": [[start, end], ...]`` (Unix seconds) only the stopped time inside the counted
+    windows is taken out (:func:`counted_windows`: an interrupted attempt's time after its last
+    checkpoint is not in the wall time, so neither is a stop that fell there).
     """
     run_dir = Path(rec["run_dir"])
     if not run_dir.is_absolute():
@@ -615,7 +619,11 @@ def _complete_record(table: Table, rec: dict[str, Any]) -> dict[str, Any]:
     paused = run_dir / "paused.json"
     if paused.is_file() and "wall_s_recorded" not in rec:
         info = json.loads(paused.read_text())
-        rec["paused_s"] = float(info["paused_s"])
+        if "intervals" in info:
+            windows = counted_windows(rec, run_dir)
+            rec["paused_s"] = float(sum(_overlap(float(a), float(b), windows) for a, b in info["intervals"]))
+        else:
+            rec["paused_s"] = float(info["paused_s"])
         rec["paused_why"] = info.get("why", [])
         rec["wall_s_recorded"] = rec["wall_s"]
         rec["wall_s"] = max(0.0, rec["wall_s"] - rec["paused_s"])
@@ -627,6 +635,34 @@ def _complete_record(table: Table, rec: dict[str, Any]) -> dict[str, Any]:
             # missing, or recorded under an older spec of the table's curves: read the logs again
             rec["curves"] = _curves(table, run_dir) or cached
     return rec
+
+
+def _utc_seconds(stamp: str) -> float:
+    """Unix seconds of a ``%Y-%m-%d %H:%M:%S`` UTC time stamp (as the records write them)."""
+    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")))
+
+
+def counted_windows(rec: dict[str, Any], run_dir: Path) -> list[tuple[float, float]]:
+    """The spans of clock time (Unix seconds) that a finished run's ``wall_s`` counts.
+
+    Each interrupted attempt in ``rec["resumed"]`` counts from its start to its last
+    checkpoint (``wall_s`` of the attempt); the final attempt from its start (``attempt.json``,
+    rewritten when an attempt starts) for the rest of the recorded wall time.
+    """
+    earlier = rec.get("resumed", [])
+    windows = [(t, t + float(a["wall_s"])) for a in earlier for t in [_utc_seconds(a["started_utc"])]]
+    info = run_dir / "attempt.json"
+    if not info.is_file():
+        raise FileNotFoundError(f"{run_dir}/paused.json has stop intervals but {info} (the final attempt's start) is missing; "
+                                "give paused.json a plain paused_s instead")
+    start = float(json.loads(info.read_text())["started"])
+    windows.append((start, start + float(rec["wall_s"]) - sum(float(a["wall_s"]) for a in earlier)))
+    return windows
+
+
+def _overlap(a: float, b: float, windows: list[tuple[float, float]]) -> float:
+    """Seconds of ``[a, b]`` inside the (disjoint) ``windows``."""
+    return sum(max(0.0, min(b, w1) - max(a, w0)) for w0, w1 in windows)
 
 
 def _prepare_resume(run_dir: Path, last: Path) -> list[dict[str, Any]]:
@@ -810,7 +846,8 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         f"scikit-learn {env.get('sklearn')}, cloc_lightning {env.get('cloc_lightning')} @ {str(env.get('git_commit'))[:10]}"
         f"{' (+ uncommitted changes)' if env.get('git_dirty') else ''}. "
         f"Wall time = fit + test (+ probe) of one run ({_modes(runs)})"
-        + (f"; the time {len(paused)} run(s) spent stopped while another job used the machine is taken out "
+        + (f"; the time {len(paused)} run(s) spent stopped (SIGSTOP) while another job used the machine, within the time "
+           f"their wall counts, is taken out "
            f"({', '.join(paused)}; each run's `paused.json`)." if paused else ".")
     )
     return "\n".join(lines) + "\n"

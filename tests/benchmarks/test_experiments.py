@@ -73,6 +73,39 @@ def test_time_a_run_spent_stopped_is_taken_out_of_its_wall_time(tmp_path) -> Non
     assert aggregate([done, other])["row"]["wall_s"]["values"] == [400.0, 900.0]
 
 
+def test_only_stops_inside_the_counted_time_are_taken_out(tmp_path) -> None:
+    """An interrupted attempt counts up to its last checkpoint; a stop after it (or outside any attempt) is not wall time."""
+    import calendar
+    import time
+
+    run_dir = tmp_path / "row" / "seed0"
+    run_dir.mkdir(parents=True)
+    t0 = calendar.timegm(time.strptime("2026-11-24 13:23:14", "%Y-%m-%d %H:%M:%S"))
+    # attempt 1: 13:23:14 + 524 s (its last checkpoint at 13:31:58); then killed. Attempt 2 starts at t0 + 7000 s.
+    resumed = [{"started_utc": "2026-11-24 13:23:14", "checkpoint_epoch": 1, "checkpoint_step": 140, "wall_s": 524.0}]
+    t2 = t0 + 7000.0
+    (run_dir / "attempt.json").write_text(json.dumps({"started": t2, "started_utc": "later", "earlier": resumed}))
+    stops = [
+        [t0 + 314, t0 + 475],  # 161 s inside attempt 1's counted time
+        [t0 + 500, t0 + 600],  # straddles its checkpoint: 24 s count
+        [t0 + 619, t0 + 2409],  # after its checkpoint, before the kill: not counted
+        [t2 + 100, t2 + 400],  # 300 s inside attempt 2
+        [t2 + 3000, t2 + 3100],  # after the run finished: not counted
+    ]
+    (run_dir / "paused.json").write_text(json.dumps({"paused_s": 9999, "why": ["..."], "intervals": stops}))
+    def record() -> dict:
+        return {"row": "row", "seed": 0, "ok": True, "metrics": {}, "wall_s": 524.0 + 2000.0, "run_dir": str(run_dir),
+                "resumed": resumed, "curves": {"x": []}}
+
+    done = _complete_record(TABLES["utkface"], record())
+    assert done["paused_s"] == pytest.approx(161 + 24 + 300)
+    assert done["wall_s"] == pytest.approx(2524 - 485) and done["wall_s_recorded"] == 2524.0
+    # no attempt.json: the final attempt's start is unknown, a clear error instead of a guess
+    (run_dir / "attempt.json").unlink()
+    with pytest.raises(FileNotFoundError, match="plain paused_s"):
+        _complete_record(TABLES["utkface"], record())
+
+
 def test_fit_command_puts_seed_and_logger_last(tmp_path) -> None:
     table = TABLES["utkface"]
     row = next(r for r in table.rows if r.key == "cloc_mm")
