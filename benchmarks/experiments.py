@@ -427,13 +427,40 @@ def _versions() -> dict[str, Any]:
             info[pkg] = importlib.import_module(pkg).__version__
         except Exception:  # noqa: BLE001 - optional
             info[pkg] = None
-    try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout
-        info["git_dirty"] = bool(dirty.strip())
-    except (OSError, subprocess.SubprocessError):
-        info["git_commit"] = None
+    info.update(_git_state())
     return info
+
+
+def _git_state() -> dict[str, Any]:
+    """``{"git_commit", "git_dirty"}`` of the tree this runner runs from (``None`` outside git)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+        return {"git_commit": commit, "git_dirty": bool(dirty.strip()) if commit else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+
+
+def _code_state() -> dict[str, Any]:
+    """What a run was made with, stored in its record (``code``): the runner's git state and the torch/Lightning versions."""
+    import lightning
+    import torch
+
+    return {**_git_state(), "torch": torch.__version__, "lightning": lightning.__version__}
+
+
+def _code_summary(runs: list[dict[str, Any]]) -> str:
+    """The code the finished runs were made with, e.g. ``"`acc5030` (6 runs), `acc5030` + uncommitted changes (5 runs)"``."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if not r.get("ok"):
+            continue
+        code = r.get("code") or {}
+        commit = code.get("git_commit")
+        key = "a tree not recorded" if not commit else f"`{commit[:7]}`" + (" + uncommitted changes" if code.get("git_dirty") else "")
+        counts[key] = counts.get(key, 0) + 1
+    order = sorted(counts, key=lambda k: (k == "a tree not recorded", -counts[k], k))
+    return ", ".join(f"{k} ({counts[k]} run{'s' if counts[k] > 1 else ''})" for k in order)
 
 
 def _file_info(path: str | None) -> dict[str, Any] | None:
@@ -707,7 +734,7 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
         run_dir.mkdir(parents=True)
     log = run_dir / "output.log"
     record: dict[str, Any] = {"row": row.key, "seed": seed, "run_dir": str(run_dir), "commands": [], "metrics": {}, "ok": False,
-                              "mode": "in-process" if IN_PROCESS else "subprocess",
+                              "mode": "in-process" if IN_PROCESS else "subprocess", "code": _code_state(),
                               "started_utc": resumed[0]["started_utc"] if resumed else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     if resumed:
         record["resumed"] = resumed
@@ -843,8 +870,9 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
     lines.append(
         f"Measured ({when}) on {env.get('cuda') or 'CPU'} ({env.get('cpu_count')} CPUs, shared), torch {env.get('torch')}, "
         f"lightning {env.get('lightning')}, timm {env.get('timm')}, open_clip {env.get('open_clip')}, "
-        f"scikit-learn {env.get('sklearn')}, cloc_lightning {env.get('cloc_lightning')} @ {str(env.get('git_commit'))[:10]}"
-        f"{' (+ uncommitted changes)' if env.get('git_dirty') else ''}. "
+        f"scikit-learn {env.get('sklearn')}, cloc_lightning {env.get('cloc_lightning')}; "
+        + (f"runs made with the code at {_code_summary(runs)} (each run's `code` in `{table.name}.json`); " if starts else "")
+        + f"rendered at `{str(env.get('git_commit'))[:7]}`{' + uncommitted changes' if env.get('git_dirty') else ''}. "
         f"Wall time = fit + test (+ probe) of one run ({_modes(runs)})"
         + (f"; the time {len(paused)} run(s) spent stopped (SIGSTOP) while another job used the machine, within the time "
            f"their wall counts, is taken out "

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from benchmarks.experiments import TABLES, _complete_record, aggregate, fit_command, format_mean_std, read_test_metrics
+from benchmarks.experiments import TABLES, _code_summary, _complete_record, aggregate, fit_command, format_mean_std, read_test_metrics
 from tests.conftest import CIFAR10, REPO, SHARED_DATA, UTKFACE, needs
 
 
@@ -106,6 +106,18 @@ def test_only_stops_inside_the_counted_time_are_taken_out(tmp_path) -> None:
         _complete_record(TABLES["utkface"], record())
 
 
+def test_the_code_of_the_runs_is_summarised_per_commit() -> None:
+    a, b = "a" * 40, "b" * 40
+    runs = [
+        {"ok": True, "code": {"git_commit": a, "git_dirty": False}},
+        {"ok": True, "code": {"git_commit": b, "git_dirty": True}},
+        {"ok": True, "code": {"git_commit": b, "git_dirty": True}},
+        {"ok": True},  # made before runs recorded their code
+        {"ok": False, "code": {"git_commit": a, "git_dirty": True}},  # failed runs are not in the table
+    ]
+    assert _code_summary(runs) == "`bbbbbbb` + uncommitted changes (2 runs), `aaaaaaa` (1 run), a tree not recorded (1 run)"
+
+
 def test_fit_command_puts_seed_and_logger_last(tmp_path) -> None:
     table = TABLES["utkface"]
     row = next(r for r in table.rows if r.key == "cloc_mm")
@@ -150,6 +162,10 @@ def test_quick_utkface_ce_row(tmp_path) -> None:
     assert payload["rows"][0]["config"]["text"].startswith("#")
     assert payload["summary"]["ce"]["seeds"] == [0]
     assert not list((tmp_path / "runs").rglob("*.ckpt"))  # checkpoints are cleaned up
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert run["code"]["git_commit"] == (head or None)  # what the run was made with (None outside a git checkout)
+    if head:
+        assert f"runs made with the code at `{head[:7]}`" in (tmp_path / "out" / "utkface.md").read_text()
 
 
 @pytest.mark.slow
