@@ -432,10 +432,15 @@ def _versions() -> dict[str, Any]:
 
 
 def _git_state() -> dict[str, Any]:
-    """``{"git_commit", "git_dirty"}`` of the tree this runner runs from (``None`` outside git)."""
+    """``{"git_commit", "git_dirty"}`` of the tree this runner runs from (``None`` outside git).
+
+    ``git_dirty``: uncommitted changes outside ``benchmarks/results/`` (what the runner writes).
+    """
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+        # the result files this runner writes are not code: changes under benchmarks/results/ do not count
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!benchmarks/results"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout
         return {"git_commit": commit, "git_dirty": bool(dirty.strip()) if commit else None}
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None}
