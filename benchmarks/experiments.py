@@ -706,7 +706,7 @@ def _prepare_resume(run_dir: Path, last: Path) -> list[dict[str, Any]]:
         info = json.loads(info_path.read_text())
         earlier, started, started_utc = info.get("earlier", []), float(info["started"]), info["started_utc"]
     else:  # an attempt from before attempt.json existed: the fit wrote config.yaml when it started
-        earlier = []
+        info, earlier = {}, []
         started = (run_dir / "config.yaml").stat().st_mtime if (run_dir / "config.yaml").is_file() else last.stat().st_mtime
         started_utc = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
@@ -717,6 +717,8 @@ def _prepare_resume(run_dir: Path, last: Path) -> list[dict[str, Any]]:
                "checkpoint_step": int(ckpt.get("global_step", -1)),
                # the work after the checkpoint is lost and done again, so it does not count
                "wall_s": max(0.0, last.stat().st_mtime - started)}
+    if "code" in info:
+        attempt["code"] = info["code"]  # what the interrupted attempt ran (the record's "code" is the final attempt's)
     return [*earlier, attempt]
 
 
@@ -744,7 +746,7 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
     if resumed:
         record["resumed"] = resumed
     (run_dir / "attempt.json").write_text(json.dumps({"started": time.time(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                                                      "earlier": resumed}))
+                                                      "earlier": resumed, "code": record["code"]}))
     start = time.perf_counter()
     try:
         source = init_weights_path(run_dir, row, seed) if row.init_from is not None else None

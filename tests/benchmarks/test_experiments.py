@@ -329,6 +329,14 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path) -> None:
     assert len(attempts) == 1 and attempts[0]["wall_s"] == pytest.approx(60.0, abs=1.0)
     assert attempts[0]["checkpoint_epoch"] == 4 and attempts[0]["checkpoint_step"] == 400
     assert (run / "metrics.part0.csv").is_file() and not (run / "metrics.csv").exists()
+    assert "code" not in attempts[0]  # an attempt from before attempt.json: its code is unknown
+    # a second interruption: the attempt that attempt.json describes keeps the code it ran with
+    code = {"git_commit": "c" * 40, "git_dirty": False, "torch": "x", "lightning": "y"}
+    (run / "attempt.json").write_text(json.dumps({"started": start + 200.0, "started_utc": "2026-11-24 16:00:00",
+                                                   "earlier": attempts, "code": code}))
+    os.utime(last, (start + 230.0, start + 230.0))
+    attempts = _prepare_resume(run, last)
+    assert len(attempts) == 2 and attempts[1]["code"] == code and attempts[1]["wall_s"] == pytest.approx(30.0, abs=1.0)
 
 
 def test_utkface_table_scale_is_the_shipped_configs_scale() -> None:
