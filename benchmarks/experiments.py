@@ -34,8 +34,11 @@ run's command, metrics and wall time, the config files' text, the overrides, the
 seeds, package versions and the git commit).  Finished runs keep a ``result.json`` in
 their run folder (``--runs-dir``, default ``runs/experiments/<table>``) and are not
 repeated when the command is run again (``--rerun`` repeats them), so an interrupted
-table resumes where it stopped.  Checkpoints are deleted after a run has been read
-unless ``--keep-checkpoints``.
+table resumes where it stopped.  The run folders are not in the repository: on a new
+machine, ``--restore-runs <out>/<table>.json`` first writes the finished runs a committed
+table records back as their ``result.json`` (the render then says how many were restored),
+so the missing rows can be added without repeating the others.  Checkpoints are deleted
+after a run has been read unless ``--keep-checkpoints``.
 
 The scale (image size, epochs, training-set fraction) is set in :data:`TABLES` for
 2 shared CPU cores; see ``--help`` and the ``scale`` entry of each table.  Pass more
@@ -69,7 +72,7 @@ DEFAULT_DATA = Path(os.environ.get("CLOC_SHARED_DATA", REPO.parent / "shared" / 
 
 RowKind = Literal["supervised", "pretrain", "random", "encoder"]
 
-__all__ = ["Row", "Table", "TABLES", "run_table", "read_test_metrics", "aggregate", "format_mean_std", "main"]
+__all__ = ["Row", "Table", "TABLES", "run_table", "restore_runs", "read_test_metrics", "aggregate", "format_mean_std", "main"]
 
 
 @dataclass
@@ -873,6 +876,10 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         lines.append("")
     starts = sorted(r["started_utc"] for r in runs if r.get("ok") and r.get("started_utc"))
     paused = [f"{r['row']} seed {r['seed']}: {r['paused_s']:.0f} s" for r in runs if r.get("ok") and r.get("paused_s")]
+    restored: dict[str, int] = {}
+    for r in runs:
+        if r.get("ok") and r.get("restored_from"):
+            restored[r["restored_from"]["file"]] = restored.get(r["restored_from"]["file"], 0) + 1
     when = f"runs started {starts[0]} – {starts[-1]} UTC" if starts else f"written {env.get('date')}"
     lines.append(
         f"Measured ({when}) on {env.get('cuda') or 'CPU'} ({env.get('cpu_count')} CPUs, shared), torch {env.get('torch')}, "
@@ -884,6 +891,8 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         + (f"; the time {len(paused)} run(s) spent stopped (SIGSTOP) while another job used the machine, within the time "
            f"their wall counts, is taken out "
            f"({', '.join(paused)}; each run's `paused.json`)." if paused else ".")
+        + (" Restored records (`--restore-runs`; runs made on an earlier machine, whose run folders are not here): "
+           + ", ".join(f"{n} run(s) from `{f}`" for f, n in restored.items()) + "." if restored else "")
     )
     return "\n".join(lines) + "\n"
 
@@ -994,16 +1003,63 @@ def _parse_deadline(value: str | None) -> float | None:
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
+def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[str]]:
+    """Write the finished runs recorded in a table's JSON back into ``runs_dir`` as their ``result.json``.
+
+    A table's run folders live under ``runs/`` (not in the repository), so a new machine has
+    only the committed ``<table>.json``.  Its ``runs[]`` are the finished runs' records; restoring
+    them lets the runner fill the missing rows and render the whole table again, without
+    repeating what already ran.  Each restored record keeps its metrics, curves, commands, code
+    and wall time (stopped time already taken out), points ``run_dir`` at its new folder and
+    says where it came from (``restored_from``); the tables count restored runs.  A run folder
+    that already has a ``result.json`` is left as it is.  Returns the restored and the kept
+    ``"<row> seed <s>"``.
+    """
+    if not source.is_file():
+        raise FileNotFoundError(f"--restore-runs {source}: no such file; pass the {table.name}.json a render wrote")
+    payload = json.loads(source.read_text())
+    if not isinstance(payload, dict) or not isinstance(payload.get("runs"), list):
+        raise ValueError(f"--restore-runs {source}: not a table's JSON (no 'runs' list); pass the {table.name}.json a render wrote")
+    if payload.get("table") != table.name:
+        raise ValueError(f"--restore-runs {source} holds the {payload.get('table')!r} table, not {table.name!r}; "
+                         f"pass a {table.name}.json")
+    if payload.get("quick"):
+        raise ValueError(f"--restore-runs {source} holds --quick smoke-test runs, which are not results; pass a full table's JSON")
+    keys = {r.key for r in table.rows}
+    try:
+        origin = str(source.resolve().relative_to(REPO))
+    except ValueError:
+        origin = str(source.resolve())
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    done: dict[str, list[str]] = {"restored": [], "kept": []}
+    for rec in payload["runs"]:
+        if not rec.get("ok") or rec.get("row") not in keys:
+            continue
+        run_dir = runs_dir / rec["row"] / f"seed{rec['seed']}"
+        name = f"{rec['row']} seed {rec['seed']}"
+        if (run_dir / "result.json").is_file():
+            done["kept"].append(name)
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        restored = {**rec, "run_dir": str(run_dir),
+                    "restored_from": rec.get("restored_from") or {"file": origin, "sha256": digest, "run_dir": rec.get("run_dir"),
+                                                                  "restored_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}}
+        (run_dir / "result.json").write_text(json.dumps(restored, indent=2))
+        done["restored"].append(name)
+    return done
+
+
 def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = DEFAULT_OUT, runs_dir: Path | None = None,
               rows: Sequence[str] | None = None, data_root: Path = DEFAULT_DATA, extra: Sequence[str] = (), rerun: bool = False,
               timeout: float = 1800, keep_checkpoints: bool = False, command: str | None = None,
-              deadline: str | None = None) -> dict[str, Any]:
+              deadline: str | None = None, restore: Path | None = None) -> dict[str, Any]:
     """Run (or resume) a table; write its markdown/JSON after every run; return the JSON payload.
 
     Rows not selected with ``rows`` still appear in the output with the finished runs
     cached in ``runs_dir`` (so a table can be filled by several invocations).  With
     ``deadline`` (``HH:MM`` UTC or ISO time) no run starts after it and a running one is
-    stopped at it (recorded as failed).
+    stopped at it (recorded as failed).  ``restore`` (a table's JSON) first puts the finished
+    runs it records back into ``runs_dir`` (:func:`restore_runs`).
     """
     if name not in TABLES:
         raise ValueError(f"unknown table {name!r}; choose from {sorted(TABLES)}")
@@ -1019,6 +1075,10 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
     if unknown:
         raise ValueError(f"unknown rows {sorted(unknown)} for {name}; rows: {[r.key for r in table.rows]}")
     runs_dir = runs_dir or (REPO / "runs" / "experiments" / (name + ("_quick" if quick else "")))
+    if restore is not None:
+        done = restore_runs(table, restore, runs_dir)
+        print(f"[experiments] restored from {restore}: {len(done['restored'])} run(s)"
+              + (f"; kept {len(done['kept'])} already in {runs_dir}" if done["kept"] else ""), flush=True)
     command = command or "python -m benchmarks.experiments " + " ".join(_quote(a) for a in sys.argv[1:])
     env = _versions()
     skipped: dict[str, str] = {}
@@ -1086,6 +1146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--keep-checkpoints", action="store_true")
     parser.add_argument("--subprocess", action="store_true", help="one fresh interpreter per command instead of in-process")
     parser.add_argument("--deadline", default=None, help="HH:MM (UTC) or ISO time: start no run after it, stop a running one at it")
+    parser.add_argument("--restore-runs", type=Path, default=None, metavar="JSON",
+                        help="first put the finished runs recorded in this <table>.json back into --runs-dir (e.g. on a new machine)")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="overrides appended to every fit (must come last)")
     args = parser.parse_args(argv)
     global IN_PROCESS
@@ -1093,7 +1155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.chdir(REPO)  # the configs' relative paths
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return run_table(args.table, args.seeds, args.quick, args.out, args.runs_dir, args.rows, args.data_root, args.extra,
-                     args.rerun, args.timeout, args.keep_checkpoints, deadline=args.deadline)
+                     args.rerun, args.timeout, args.keep_checkpoints, deadline=args.deadline, restore=args.restore_runs)
 
 
 if __name__ == "__main__":

@@ -420,3 +420,49 @@ def test_rows_paired_with_several_baselines_across_columns(tmp_path) -> None:
     summary = json.loads((tmp_path / "utkface.json").read_text())["summary"]
     assert summary["cloc_mm_simclr"]["paired_with"] == ["cloc_mm", "ce_simclr"]
     assert summary["cloc_mm_simclr"]["paired"]["ce_simclr"]["test/mae"]["values"] == pytest.approx([0.05, -0.02])
+
+
+def test_a_tables_json_restores_its_finished_runs_on_a_new_machine(tmp_path) -> None:
+    from benchmarks.experiments import restore_runs, run_table, write_outputs
+
+    table = TABLES["utkface"]
+    rows = [r for r in table.rows if r.key in ("ce", "cloc_mm")]
+    mae = {("ce", 0): 0.50, ("ce", 1): 0.60, ("cloc_mm", 0): 0.45}
+    runs = [{"row": k, "seed": s, "ok": True, "wall_s": 100.0 + 10 * s, "run_dir": f"old/{k}/seed{s}", "metrics": {"test/mae": v},
+             "curves": {"val/mae|val/online_probe/mae": [[0, 1.0], [1, v]]}} for (k, s), v in mae.items()]
+    runs.append({"row": "cloc_mm", "seed": 1, "ok": False, "wall_s": 5.0, "metrics": {}, "error": "RuntimeError: killed"})
+    write_outputs(tmp_path / "old", table, rows, runs, "cmd", [0, 1], {}, False, [], {})
+    source = tmp_path / "old" / "utkface.json"
+
+    runs_dir = tmp_path / "runs"
+    (runs_dir / "ce" / "seed1").mkdir(parents=True)
+    (runs_dir / "ce" / "seed1" / "result.json").write_text(json.dumps({**runs[1], "metrics": {"test/mae": 0.70}}))  # already here
+    done = restore_runs(table, source, runs_dir)
+    assert sorted(done["restored"]) == ["ce seed 0", "cloc_mm seed 0"] and done["kept"] == ["ce seed 1"]
+    assert not (runs_dir / "cloc_mm" / "seed1").exists()  # a failed run is not restored: the runner runs it again
+    rec = json.loads((runs_dir / "cloc_mm" / "seed0" / "result.json").read_text())
+    assert rec["run_dir"] == str(runs_dir / "cloc_mm" / "seed0") and rec["restored_from"]["run_dir"] == "old/cloc_mm/seed0"
+    assert rec["restored_from"]["sha256"] == __import__("hashlib").sha256(source.read_bytes()).hexdigest()
+    assert json.loads((runs_dir / "ce" / "seed1" / "result.json").read_text())["metrics"]["test/mae"] == 0.70  # kept as it was
+
+    data = tmp_path / "data"
+    (data / "utkface").mkdir(parents=True)
+    payload = run_table("utkface", [0, 1], out=tmp_path / "new", runs_dir=runs_dir, rows=["ce", "cloc_mm"], data_root=data,
+                        deadline="2000-01-01T00:00", command="render")  # a past deadline starts nothing: render only
+    assert payload["summary"]["ce"]["test/mae"]["values"] == [0.50, 0.70]
+    assert payload["summary"]["cloc_mm"]["test/mae"]["values"] == [0.45]
+    assert payload["summary"]["cloc_mm"]["wall_s"]["mean"] == 100.0
+    assert payload["runs"][0]["curves"] == runs[0]["curves"] or payload["runs"][1]["curves"] == runs[0]["curves"]
+    md = (tmp_path / "new" / "utkface.md").read_text()
+    assert "Restored records (`--restore-runs`" in md and f"2 run(s) from `{source.resolve()}`" in md
+
+    # restoring again changes nothing; the wrong table or a smoke-test JSON is refused, naming the fix
+    assert restore_runs(table, source, runs_dir)["restored"] == []
+    with pytest.raises(ValueError, match="holds the 'utkface' table, not 'cifar10'; pass a cifar10.json"):
+        restore_runs(TABLES["cifar10"], source, runs_dir)
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps({**json.loads(source.read_text()), "quick": True}))
+    with pytest.raises(ValueError, match="smoke-test runs"):
+        restore_runs(table, quick, runs_dir)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        restore_runs(table, tmp_path / "missing.json", runs_dir)
