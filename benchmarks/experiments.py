@@ -61,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -876,10 +877,7 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         lines.append("")
     starts = sorted(r["started_utc"] for r in runs if r.get("ok") and r.get("started_utc"))
     paused = [f"{r['row']} seed {r['seed']}: {r['paused_s']:.0f} s" for r in runs if r.get("ok") and r.get("paused_s")]
-    restored: dict[str, int] = {}
-    for r in runs:
-        if r.get("ok") and r.get("restored_from"):
-            restored[r["restored_from"]["file"]] = restored.get(r["restored_from"]["file"], 0) + 1
+    restored = Counter(r["restored_from"]["file"] for r in runs if r.get("ok") and r.get("restored_from"))
     when = f"runs started {starts[0]} – {starts[-1]} UTC" if starts else f"written {env.get('date')}"
     lines.append(
         f"Measured ({when}) on {env.get('cuda') or 'CPU'} ({env.get('cpu_count')} CPUs, shared), torch {env.get('torch')}, "
@@ -1017,7 +1015,8 @@ def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[s
     """
     if not source.is_file():
         raise FileNotFoundError(f"--restore-runs {source}: no such file; pass the {table.name}.json a render wrote")
-    payload = json.loads(source.read_text())
+    raw = source.read_bytes()
+    payload = json.loads(raw)
     if not isinstance(payload, dict) or not isinstance(payload.get("runs"), list):
         raise ValueError(f"--restore-runs {source}: not a table's JSON (no 'runs' list); pass the {table.name}.json a render wrote")
     if payload.get("table") != table.name:
@@ -1030,7 +1029,7 @@ def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[s
         origin = str(source.resolve().relative_to(REPO))
     except ValueError:
         origin = str(source.resolve())
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    digest = hashlib.sha256(raw).hexdigest()
     done: dict[str, list[str]] = {"restored": [], "kept": []}
     for rec in payload["runs"]:
         if not rec.get("ok") or rec.get("row") not in keys:
