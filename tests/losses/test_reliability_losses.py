@@ -194,6 +194,7 @@ def test_losses_compute_in_float32_from_bf16_inputs(loss: str) -> None:
     _check_float32_inside(loss, torch.bfloat16, "cpu")
 
 
+@pytest.mark.gpu  # also run by the GPU tier (`pytest -m gpu`, docs/gpu.md)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a CUDA GPU")
 @pytest.mark.parametrize("loss", sorted(LOW_PRECISION_LOSSES))
 def test_losses_compute_in_float32_from_fp16_inputs_on_gpu(loss: str) -> None:

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The one command on an offline GPU node with a preinstalled PyTorch (docs/gpu.md).
+#
+#   .ci/gpu/run.sh
+#
+# Needs on the node: Python >= 3.10 with torch >= 2.11 (+ torchvision, lightning, torchmetrics, timm,
+# tensorboard, scikit-learn, pytest, pytest-timeout); and, carried with this checkout, what
+# .ci/gpu/prepare.sh made on the network side: .ci/gpu/cache/wheels/*.whl and .ci/gpu/cache/data.tar.gz.
+#
+# 1. a virtual environment layered over the node's Python (the node's packages stay visible through a
+#    .pth file, whether that Python is a system one, conda or itself a venv); the carried wheels and
+#    this checkout (`pip install --no-deps --no-build-isolation -e .`) go into it, nothing into the node's;
+# 2. the data tar unpacked into a temporary folder, CLOC_SHARED_DATA pointing at it (without the tar the
+#    GPU tier generates stand-ins in the same layout and its tables say so);
+# 3. `pytest -m gpu` (tests/gpu/ and the fp16 loss checks): every shipped config at 32-true, 16-mixed and
+#    bf16-mixed, the losses under autocast against float64 references, host syncs, peak memory;
+# 4. `python -m benchmarks --only throughput`, where benchmarks/bench_throughput.py exists.
+#
+# Every table goes to ONE folder: $OUT (as on the device tool) or $CLOC_GPU_OUT, else /tmp/cloc-gpu-out:
+# run.log, gpu_configs.{md,json}, gpu_losses.{md,json}, throughput.{md,json}.
+# Exit status: 0 when the tier and the benchmark passed; 1 otherwise (the log says which).
+#
+# Environment: PYTHON (default python3), CLOC_GPU_CACHE (default .ci/gpu/cache), CLOC_GPU_WORK (default
+# a fresh /tmp folder), CLOC_GPU_TEST_BUDGET (seconds after which the tier starts no more config runs,
+# default 300; it is killed 120 s later), CLOC_GPU_BENCH_BUDGET
+# (seconds for the benchmark, default 90), CLOC_GPU_BENCH_ARGS (e.g. --quick), CLOC_GPU_PYTEST_ARGS (extra pytest arguments, e.g. "-x" or
+# "-k supcon"), and the tier's own switches CLOC_GPU_STEPS / CLOC_GPU_PRECISIONS / CLOC_GPU_SYNC.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+OUT=${OUT:-${CLOC_GPU_OUT:-/tmp/cloc-gpu-out}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+CACHE=${CLOC_GPU_CACHE:-$REPO/.ci/gpu/cache}
+WORK=${CLOC_GPU_WORK:-$(mktemp -d /tmp/cloc-gpu.XXXXXX)}
+mkdir -p "$WORK"
+PY=${PYTHON:-python3}
+exec > >(tee -a "$OUT/run.log") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+start=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
+
+stamp "the node: $(uname -srm), $("$PY" -V 2>&1) at $(command -v "$PY"); tables -> $OUT"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$PY" - <<'EOF' || { echo "the node's Python lacks torch/lightning: this script needs a preinstalled PyTorch"; exit 1; }
+import importlib, torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}"
+      + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+for name in ("torchvision", "lightning", "torchmetrics", "timm", "tensorboard", "sklearn", "pytest", "pytest_timeout"):
+    try:
+        print(f"  {name} {getattr(importlib.import_module(name), '__version__', '?')}")
+    except ImportError as e:
+        print(f"  {name}: MISSING ({e})")
+EOF
+
+# ---------------------------------------------------------------- 1. environment
+stamp "environment: $WORK/venv over the node's Python"
+"$PY" -m venv --without-pip "$WORK/venv" || exit 1
+VPY=$WORK/venv/bin/python
+SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# the node's site folders (and any .pth files in them), after the venv's own
+"$PY" -c '
+import site, sys
+dirs = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+print("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs))
+' > "$SITE/_cloc_gpu_node_site.pth" || exit 1
+if ! "$VPY" -c 'import torch, lightning, pip' 2>/dev/null; then
+  echo "the venv does not see the node's torch/lightning/pip through $SITE/_cloc_gpu_node_site.pth"; exit 1
+fi
+shopt -s nullglob
+wheels=("$CACHE"/wheels/*.whl)
+if [ ${#wheels[@]} -eq 0 ]; then
+  echo "no wheels in $CACHE/wheels: run .ci/gpu/prepare.sh where pip reaches PyPI and carry $CACHE along"
+else
+  "$VPY" -m pip install -q --no-index --no-deps --no-cache-dir "${wheels[@]}" || exit 1
+  echo "installed ${#wheels[@]} carried wheels"
+fi
+"$VPY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e "$REPO" || exit 1
+"$VPY" - <<'EOF' || exit 1
+import cloc_lightning, cloc_lightning.cli, open_clip, jsonargparse
+from lightning.pytorch.cli import _JSONARGPARSE_SIGNATURES_AVAILABLE
+print(f"cloc_lightning from {cloc_lightning.__file__}; open_clip {open_clip.__version__}, jsonargparse {jsonargparse.__version__}")
+assert _JSONARGPARSE_SIGNATURES_AVAILABLE, "LightningCLI does not find jsonargparse[signatures] (docstring-parser, typeshed-client)"
+EOF
+
+# ---------------------------------------------------------------- 2. data
+if [ -f "$CACHE/data.tar.gz" ]; then
+  mkdir -p "$WORK/data" && tar -xzf "$CACHE/data.tar.gz" -C "$WORK/data" || exit 1
+  export CLOC_SHARED_DATA=$WORK/data
+  stamp "data: $CACHE/data.tar.gz -> $CLOC_SHARED_DATA ($(find "$WORK/data" -name '*.jpg' | wc -l) images)"
+else
+  stamp "data: no $CACHE/data.tar.gz; the GPU tier uses ${CLOC_SHARED_DATA:-../shared/data} or generated stand-ins"
+fi
+
+# ---------------------------------------------------------------- 3. the GPU tier
+budget=${CLOC_GPU_TEST_BUDGET:-300}
+stamp "pytest -m gpu (no config run starts after $budget s; killed at $((budget + 120)) s)"
+# shellcheck disable=SC2086  # CLOC_GPU_PYTEST_ARGS is a list of words
+CLOC_GPU_OUT=$OUT CLOC_GPU_BUDGET=$budget timeout -k 10 $((budget + 120)) \
+  "$VPY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --durations=15 ${CLOC_GPU_PYTEST_ARGS:-} tests
+tier=$?
+[ $tier -eq 124 ] && echo "pytest -m gpu was killed at $((budget + 120)) s; the tables hold the rows measured so far"
+
+# ---------------------------------------------------------------- 4. the throughput benchmark
+bench=0
+if [ -f benchmarks/bench_throughput.py ]; then
+  stamp "python -m benchmarks --only throughput (budget ${CLOC_GPU_BENCH_BUDGET:-90} s)"
+  # shellcheck disable=SC2086  # CLOC_GPU_BENCH_ARGS is a list of words (--quick for a dry run: writes no table)
+  timeout -s INT -k 30 "${CLOC_GPU_BENCH_BUDGET:-90}" "$VPY" -m benchmarks --only throughput ${CLOC_GPU_BENCH_ARGS:-}
+  bench=$?
+  for f in benchmarks/results/throughput.md benchmarks/results/throughput.json; do
+    [ -f "$f" ] && cp "$f" "$OUT/"
+  done
+else
+  stamp "benchmarks/bench_throughput.py not in this checkout: no throughput table"
+fi
+
+stamp "done: pytest -m gpu exit $tier, benchmark exit $bench; tables in $OUT:"
+ls -l "$OUT"
+[ $tier -eq 0 ] && [ $bench -eq 0 ]
