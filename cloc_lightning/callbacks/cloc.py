@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
@@ -115,12 +116,24 @@ class CLOCMarginPlot(Callback):
         self.values: list[list[float]] = []
         self.frozen_step: int | None = None
         self.path: str | None = None
+        self._pending: list[torch.Tensor] = []
+
+    #: recorded margins kept on the device before one host read converts them (``_flush``)
+    flush_every: int = 64
 
     def _record(self, step: int, pl_module: Any) -> None:
         if self.steps and self.steps[-1] == step:
             return
         self.steps.append(step)
-        self.values.append(pl_module.cloc_loss.margins().detach().float().cpu().tolist())
+        # a device copy now, converted with the others in one read: no host sync on the training step
+        self._pending.append(pl_module.cloc_loss.margins().detach().float().clone())
+        if len(self._pending) >= self.flush_every:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.values.extend(torch.stack(self._pending).cpu().tolist())
+            self._pending = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.frozen_step is None and getattr(pl_module, "margins_frozen", False):
@@ -132,6 +145,7 @@ class CLOCMarginPlot(Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         self._record(trainer.global_step, pl_module)
+        self._flush()
         folder = run_dir(trainer)  # a collective under DDP: read on every rank, before the rank-0 branch
         if not trainer.is_global_zero or len(self.steps) < 2:
             return
@@ -145,9 +159,11 @@ class CLOCMarginPlot(Callback):
         print(f"CLOC margin plot written to {self.path}")
 
     def state_dict(self) -> dict[str, Any]:
+        self._flush()
         return {"steps": self.steps, "values": self.values, "frozen_step": self.frozen_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = []
         self.steps = list(state_dict.get("steps", []))
         self.values = list(state_dict.get("values", []))
         self.frozen_step = state_dict.get("frozen_step")

@@ -70,6 +70,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.checks import require
 from cloc_lightning.losses.base import Loss
 from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
@@ -298,7 +299,8 @@ def cloc_pair_hinge_sums(
         ``(S, n_pos, n_neg)``, each [n]: ``S_i = sum_{j in P_i, k in N_i} relu(s_ik + dmat[y_i, y_k] - s_ij)``
         (differentiable wrt ``s`` and ``dmat``; ``relu'(0) = 0``), ``|P_i|`` and ``|N_i|`` (no grad).
     """
-    counts = torch.bincount(y_col, minlength=dmat.shape[0])[y_row]
+    # per-class counts without torch.bincount (which reads the device to size its output)
+    counts = torch.zeros(dmat.shape[0], dtype=torch.int64, device=y_col.device).index_add_(0, y_col, torch.ones_like(y_col))[y_row]
     n_neg = y_col.shape[0] - counts
     sums = _PairHingeSums.apply(s, dmat, y_row, y_col, self_col, n_neg)
     return sums, (counts - 1).to(s.dtype), n_neg.to(s.dtype)
@@ -359,10 +361,16 @@ class _OrdinalContrastiveLossBase(Loss):
         """Names of the adjacent margins: ``['C0-C1', 'C1-C2', ...]`` (``n_classes - 1`` entries)."""
         return [f"C{i}-C{i + 1}" for i in range(self.n_distances)]
 
+    def margin_values(self) -> dict[str, torch.Tensor]:
+        """What is logged: ``{'C0-C1': m_0, ...}`` (``_sm``: ``{'Margin': m}``) as detached 0-d tensors on the
+        margins' device (logging them reads nothing from the device until the logger writes)."""
+        values = self.margins().detach()
+        return {name: values[i] for i, name in enumerate(self.margin_names())}
+
     def margin_scalars(self) -> dict[str, float]:
-        """What is logged per step: ``{'C0-C1': m_0, ...}`` (``_sm``: ``{'Margin': m}``)."""
-        values = self.margins().detach().cpu().tolist()
-        return dict(zip(self.margin_names(), values, strict=True))
+        """:meth:`margin_values` as Python floats (one host read)."""
+        values = self.margin_values()
+        return dict(zip(values, torch.stack(list(values.values())).cpu().tolist(), strict=True))
 
     def margin_kinds(self) -> list[str]:
         """Each margin's current kind: ``learnable`` (a trainable parameter) or ``fixed``."""
@@ -425,26 +433,30 @@ class _OrdinalContrastiveLossBase(Loss):
         if target.device != prediction.device:
             raise ValueError(f"target is on {target.device} but prediction on {prediction.device}; move both to one device")
 
-    def _validate_values(self, x: torch.Tensor, y: torch.Tensor, margins: torch.Tensor) -> None:
-        """One host sync for all value checks (label range, finite inputs and margins)."""
-        flags = [(y < 0).any() | (y >= self.n_classes).any(), ~torch.isfinite(margins).all()]
+    def _validate_values(self, x: torch.Tensor, y: torch.Tensor, margins: torch.Tensor) -> torch.Tensor:
+        """Value checks (label range, finite inputs and margins) through :func:`cloc_lightning.checks.require`.
+
+        Outside a Trainer's training step: one host sync per check, raised at once.  Inside:
+        recorded on the device and read every ``log_every_n_steps``.  Returns the labels
+        clamped into ``[0, n_classes)``, so that a deferred out-of-range label cannot index
+        out of bounds before the check is read.
+        """
+        in_range = (y >= 0) & (y < self.n_classes)
+        require(
+            in_range,
+            f"labels must lie in [0, n_classes) = [0, {self.n_classes}); check n_classes or remap the labels to "
+            f"0..{self.n_classes - 1}",
+            detail=lambda: f" (got values in [{int(y.min())}, {int(y.max())}])",
+        )
+        require(torch.isfinite(margins), "the CLOC margins are not finite (training diverged?): lower the learning rate "
+                "of the margins or use gradient clipping")
         if self.check_finite:
-            flags.append(~torch.isfinite(x).all())
-        bad = torch.stack(flags).tolist()
-        if bad[0]:
-            lo, hi = int(y.min()), int(y.max())
-            raise ValueError(
-                f"labels must lie in [0, n_classes) = [0, {self.n_classes}), got values in [{lo}, {hi}]; "
-                f"check n_classes or remap the labels to 0..{self.n_classes - 1}"
-            )
-        if bad[1]:
-            raise ValueError("the CLOC margins are not finite (training diverged?): lower the learning rate of the "
-                             "margins or use gradient clipping")
-        if len(bad) > 2 and bad[2]:
-            raise ValueError(
+            require(
+                torch.isfinite(x),
                 "prediction contains NaN or inf (training diverged?): lower the learning rate, use gradient "
-                "clipping or check the inputs (check_finite=False skips this check)"
+                "clipping or check the inputs (check_finite=False skips this check)",
             )
+        return y.clamp(0, self.n_classes - 1)
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """CLOC loss of a batch.
@@ -478,10 +490,11 @@ class _OrdinalContrastiveLossBase(Loss):
                 y_all = dist_utils.gather_no_grad(y)
                 offset = dist_utils.local_offset(n_local, x.device)
                 # checked on the gathered batch, so every rank raises and none hangs
-                self._validate_values(x_all, y_all, margins)
+                y_all = self._validate_values(x_all, y_all, margins)
+                y = y.clamp(0, self.n_classes - 1)
             else:
                 x_all, y_all, offset = x, y, 0
-                self._validate_values(x, y, margins)
+                y = y_all = self._validate_values(x, y, margins)
             pos = torch.cat([margins.new_zeros(1), torch.cumsum(margins, 0)])
             dmat = (pos.unsqueeze(0) - pos.unsqueeze(1)).abs()
             s = x @ x_all.t()
@@ -652,8 +665,8 @@ class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # the reference's
     def logged_names(self) -> list[str]:
         return ["Margin"]
 
-    def margin_scalars(self) -> dict[str, float]:
-        return {"Margin": float(F.softplus(self.distance.detach()).cpu()[0])}
+    def margin_values(self) -> dict[str, torch.Tensor]:
+        return {"Margin": F.softplus(self.distance.detach())[0]}
 
     def margin_kinds(self) -> list[str]:
         return ["learnable" if self.learnable and self.distance.requires_grad else "fixed"]

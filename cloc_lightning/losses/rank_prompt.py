@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from cloc_lightning.checks import require
 from cloc_lightning.losses.base import Loss, LossOutput
 from cloc_lightning.validation import check_float, check_tensor
 
@@ -64,18 +65,18 @@ def ordinal_clip_loss(
     if labels.shape != (n,):
         raise ValueError(f"labels must be a [N]={n} tensor, got shape {tuple(labels.shape)}")
     labels = labels.long()
-    if check_finite:
-        ok = torch.isfinite(logits).all() & (labels >= 0).all() & (labels < num_ranks).all()
-        if not bool(ok):
-            if not bool(torch.isfinite(logits).all()):
-                raise ValueError(
-                    "OrdinalCLIP loss got NaN/inf logits (diverged training?); lower the learning rate, use "
-                    "gradient clipping, or check the inputs"
-                )
-            raise ValueError(
-                f"labels must be ranks in [0, {num_ranks}), got min {int(labels.min())} max {int(labels.max())}; "
-                "check num_ranks and the label mapping of the data"
-            )
+    if check_finite:  # read at once, or recorded on the device inside a Trainer's step (cloc_lightning.checks)
+        require(
+            torch.isfinite(logits),
+            "OrdinalCLIP loss got NaN/inf logits (diverged training?); lower the learning rate, use "
+            "gradient clipping, or check the inputs",
+        )
+        require(
+            (labels >= 0) & (labels < num_ranks),
+            f"labels must be ranks in [0, {num_ranks}); check num_ranks and the label mapping of the data",
+            detail=lambda: f" (got min {int(labels.min())} max {int(labels.max())})",
+        )
+        labels = labels.clamp(0, num_ranks - 1)  # a deferred bad label must not index out of bounds
 
     x = logits.float()
     ce = F.cross_entropy(x, labels)

@@ -35,6 +35,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.checks import require
 from cloc_lightning.losses.base import Loss
 from cloc_lightning.validation import check_choice, check_float, check_int, check_tensor
 
@@ -63,6 +64,11 @@ AUTO_DENSE_MAX_ELEMENTS: int = 2**25
 AUTO_TILE_ELEMENTS: int = 2**22
 
 _FLOATS_KEPT = (torch.float32, torch.float64)
+_NONFINITE_MESSAGE = (
+    "SupConLoss: features contain NaN or inf. Training has most likely diverged: lower the learning "
+    "rate, use gradient clipping, or use bf16 instead of fp16; check the inputs for NaN. "
+    "(Pass check_finite=False to skip this check.)"
+)
 
 
 # ----------------------------------------------------------------------------
@@ -237,13 +243,25 @@ def _check_inputs(
             raise TypeError(f"mask must be bool or real-valued, got dtype {mask.dtype}")
         if mask.dtype != torch.bool:
             m = mask.double()
-            if not bool(torch.isfinite(m).all()) or bool((m < 0).any()):
-                raise ValueError("mask entries must be finite and >= 0 (1 = positive pair, 0 = not)")
+            require(torch.isfinite(m).all() & (m >= 0).all(), "mask entries must be finite and >= 0 (1 = positive pair, 0 = not)")
 
 
 # ----------------------------------------------------------------------------
 # the loss
 # ----------------------------------------------------------------------------
+def _group_ids(labels: torch.Tensor) -> torch.Tensor:
+    """Dense group ids of ``labels`` [B]: ``0..G-1`` in the order of the sorted distinct labels.
+
+    The ids ``torch.unique(labels, return_inverse=True)`` gives, computed on the device
+    without reading how many groups there are (no host sync): sort, mark where the sorted
+    value changes, cumulative sum, scatter back.
+    """
+    sorted_labels, order = torch.sort(labels, stable=True)
+    starts = torch.ones_like(sorted_labels, dtype=torch.int64)
+    starts[1:] = (sorted_labels[1:] != sorted_labels[:-1]).to(torch.int64)
+    return torch.empty_like(order).scatter_(0, order, starts.cumsum(0) - 1)
+
+
 def _positive_terms(
     features: torch.Tensor,
     gathered: torch.Tensor,
@@ -277,14 +295,14 @@ def _positive_terms(
         n_pos = torch.full_like(self_dot, n_views - 1)
     else:
         all_labels = dist_utils.gather_no_grad(labels) if distributed else labels
-        _, group = torch.unique(all_labels, return_inverse=True)
-        n_groups = int(group.max()) + 1
+        group = _group_ids(all_labels)
+        n_groups = group.shape[0]  # an upper bound (every sample its own class); empty groups are never read
         dim = sample_sum.shape[1]
         # class sums as a 1-D index_add (the 2-D CPU kernel is very slow with several threads)
         flat_idx = (group.unsqueeze(1) * dim + torch.arange(dim, device=group.device)).reshape(-1)
         group_sum = sample_sum.new_zeros(n_groups * dim).index_add(0, flat_idx, sample_sum.reshape(-1))
         group_sum = group_sum.view(n_groups, dim)
-        group_count = torch.bincount(group, minlength=n_groups).to(features.dtype) * n_views
+        group_count = sample_sum.new_zeros(n_groups).index_add_(0, group, sample_sum.new_ones(group.shape[0])) * n_views
         anchor_group = group[global_sample]
         pos_vec = group_sum[anchor_group]
         n_pos = group_count[anchor_group] - 1
@@ -345,13 +363,10 @@ def _supcon(
         offset = dist_utils.local_offset(bsz, device)
     else:
         gathered, offset = f, 0
-    if check_finite and not bool(torch.isfinite(gathered).all()):
-        # checked on the gathered batch so that every rank raises, none hangs
-        raise ValueError(
-            "SupConLoss: features contain NaN or inf. Training has most likely diverged: lower the learning "
-            "rate, use gradient clipping, or use bf16 instead of fp16; check the inputs for NaN. "
-            "(Pass check_finite=False to skip this check.)"
-        )
+    if check_finite:
+        # checked on the gathered batch so that every rank raises, none hangs; recorded on the device
+        # inside a Trainer's training step (cloc_lightning.checks), read at once elsewhere
+        require(torch.isfinite(gathered), _NONFINITE_MESSAGE)
     n_global = gathered.shape[0]
     # contrast set: view-major, entry v * B + j is view v of global sample j (as the reference)
     contrast = gathered.transpose(0, 1).reshape(n_views * n_global, dim)
@@ -443,7 +458,9 @@ class SupConLoss(Loss):
             to ``temperature`` (no rescaling).
         gather_distributed: gather the contrast set over all ranks (see above).
         tile_size: ``'auto'``, ``None`` (dense) or rows per block (int >= 1).
-        check_finite: raise a ValueError on NaN/inf features (one ``isfinite`` pass).
+        check_finite: raise a ValueError on NaN/inf features (one ``isfinite`` pass; inside a
+            Trainer's training step recorded on the device and read every ``log_every_n_steps``,
+            see :mod:`cloc_lightning.checks`).
 
     Shapes:
         ``features`` [bsz, n_views, dim]; ``labels`` [bsz] (int) or ``mask``

@@ -29,12 +29,13 @@ hyper-parameters of the whole constructor chain, calls :meth:`BaseModule.prepare
             net = MyNet()
             return net, net.out_dim          # (module, feature dimension)
 
-        def build_optimizer(self, groups):
-            return torch.optim.AdamW(groups, lr=self.hparams.lr)
+        def build_optimizer(self, groups):  # optimizer_options: the optimizer_fused / _foreach settings
+            return torch.optim.AdamW(groups, lr=self.hparams.lr, **self.optimizer_options(torch.optim.AdamW))
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -56,6 +57,7 @@ from cloc_lightning.checkpoints import (
     encoder_metadata,
     module_record,
 )
+from cloc_lightning.checks import deferring, require
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 from cloc_lightning.validation import check_choice, check_float
@@ -71,15 +73,118 @@ Task = Literal["auto", "ordinal", "nominal"]
 _OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "radam": torch.optim.RAdam,
 }
+#: the ``torch.compile`` arguments that ``compile_backbone`` may set (all but the model)
+_COMPILE_ARGS = tuple(name for name in inspect.signature(torch.compile).parameters if name != "model")
 
 
-def _max_abs(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``max |x|`` over all tensors (NaN if any entry is NaN, inf if any is inf; never overflows)."""
-    total_norm = getattr(torch.nn.utils, "get_total_norm", None)
-    if total_norm is not None:  # torch >= 2.6: one fused (foreach) reduction
-        norm: torch.Tensor = total_norm(tensors, norm_type=math.inf)
-        return norm
-    return torch.stack([t.detach().abs().max().float() for t in tensors if t.numel()]).max()
+def _accepts(optimizer_class: Callable[..., Any], argument: str) -> bool:
+    """Whether ``optimizer_class(...)`` takes the keyword ``argument`` (or any keyword)."""
+    try:
+        params = inspect.signature(optimizer_class).parameters
+    except (TypeError, ValueError):  # no signature to read: let the constructor decide
+        return True
+    return argument in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _fused_devices() -> list[str]:
+    """Device types with fused optimiser kernels in this torch (torch's own list; ``cuda`` / ``cpu`` if it has none)."""
+    import torch.optim.optimizer as torch_optimizer  # (not an attribute of torch.optim in every torch)
+
+    devices = getattr(torch_optimizer, "_get_fused_kernels_supported_devices", None)
+    return list(devices()) if callable(devices) else ["cuda", "cpu"]
+
+
+def _check_speed_options(
+    compile_backbone: Any, channels_last: Any, optimizer: str, optimizer_fused: Any, optimizer_foreach: Any
+) -> None:
+    """Check ``compile_backbone`` / ``channels_last`` / ``optimizer_fused`` / ``optimizer_foreach`` (messages name the fix)."""
+    if not isinstance(compile_backbone, (bool, dict)):
+        raise TypeError(
+            f"compile_backbone must be true, false or a dict of torch.compile arguments (e.g. {{mode: max-autotune}}), "
+            f"got {compile_backbone!r}"
+        )
+    if isinstance(compile_backbone, dict):
+        unknown = sorted(set(compile_backbone) - set(_COMPILE_ARGS))
+        if unknown:
+            raise ValueError(f"compile_backbone: {unknown} are no torch.compile arguments; it takes {list(_COMPILE_ARGS)}")
+        if compile_backbone.get("mode") is not None and compile_backbone.get("options") is not None:
+            raise ValueError("compile_backbone: torch.compile takes mode or options, not both; remove one of them")
+    if not isinstance(channels_last, bool):
+        raise TypeError(f"channels_last must be true or false, got {channels_last!r}")
+    for name, value in (("optimizer_fused", optimizer_fused), ("optimizer_foreach", optimizer_foreach)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be true, false or null (torch's choice), got {value!r}")
+    if optimizer_fused and optimizer_foreach:
+        raise ValueError(
+            "optimizer_fused and optimizer_foreach are both true, but torch runs one implementation per optimiser; "
+            "keep one of them and set the other to null"
+        )
+    cls = _OPTIMIZERS.get(optimizer)
+    if optimizer_fused and cls is not None and not _accepts(cls, "fused"):
+        with_fused = [name for name, c in _OPTIMIZERS.items() if _accepts(c, "fused")]
+        raise ValueError(
+            f"optimizer_fused: true, but torch.optim.{getattr(cls, '__name__', cls)} (optimizer: {optimizer}) has no fused "
+            f"implementation in torch {torch.__version__}; use optimizer_foreach: true instead, an optimizer with a "
+            f"fused kernel ({', '.join(with_fused)}), or optimizer_fused: null"
+        )
+
+
+def _channels_last_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Forward pre-hook of ``channels_last``: every 4-D tensor argument in ``torch.channels_last`` (others unchanged)."""
+    return tuple(
+        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args
+    )
+
+
+def _to_channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
+def _match_param_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give every optimiser state tensor shaped like its parameter the parameter's memory layout (strides).
+
+    Registered as a load-state-dict post-hook: a state written by a run in another memory
+    format (``channels_last`` vs contiguous) would otherwise be read element by element in
+    the wrong order by fused kernels (torch 2.14's fused CPU Adam then steps silently wrong).
+    Values are unchanged; a no-op when the layouts already match.
+    """
+    for param, state in optimizer.state.items():
+        if not isinstance(param, torch.Tensor) or not isinstance(state, dict):
+            continue
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != param.stride():
+                state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
+
+
+def _grads_finite(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Bool scalar on the gradients' device: every gradient entry is finite (no host sync).
+
+    One fused ``foreach`` 2-norm per tensor (NaN or inf in a tensor makes its norm non-finite;
+    a finite tensor overflows only above a norm of ~1e19 in float32).  About 0.14x the time of
+    the max-abs reduction it replaces.
+    """
+    by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        by_device.setdefault((g.device, g.dtype), []).append(g.detach())
+    flags = [torch.stack(torch._foreach_norm(group)).isfinite().all() for group in by_device.values()]
+    return flags[0] if len(flags) == 1 else torch.stack([f.to(flags[0].device) for f in flags]).all()
+
+
+def _nonfinite_loss_message(owner: str) -> str:
+    return (
+        f"{owner}: the training loss is not finite (NaN/inf). Lower the learning rate (--model.lr), clip gradients "
+        "(--trainer.gradient_clip_val 1.0), use bf16-mixed instead of 16-mixed, or check the data for NaN/inf. "
+        "Resume from the last finite checkpoint with --ckpt_path; --model.check_finite_loss false turns this check off."
+    )
+
+
+def _nonfinite_grad_message(owner: str) -> str:
+    return (
+        f"{owner}: non-finite gradients (NaN/inf) although the loss was finite. On CPU, bf16 autocast convolutions on "
+        "1x1 feature maps (small images or crops through a deep network) are a known source (use --trainer.precision "
+        "32-true, or larger crops); otherwise lower the learning rate or clip gradients. --model.check_finite_loss false "
+        "turns this check off; --model.strict_checks true names the tensors and stops before the optimiser step."
+    )
 
 
 def _is_default_checkpoint(cb: Callback) -> bool:
@@ -195,14 +300,42 @@ class BaseModule(L.LightningModule):
             weights initialise this module before training (weights only: no
             optimiser state, epoch or hyper-parameters; ``--ckpt_path`` resumes instead).
         check_finite_loss: raise a ``FloatingPointError`` naming the fixes when a training
-            loss or a gradient is NaN/inf, before it reaches the weights (see
-            :meth:`on_before_backward` and :meth:`on_before_optimizer_step`).
+            loss or a gradient is NaN/inf (see :meth:`on_before_backward` and
+            :meth:`on_before_optimizer_step`).
+        strict_checks: read every value check of the training step (finite loss and
+            gradients, label ranges, finite features) at once, stopping at the failing step
+            before the optimiser changes the weights; costs host-device syncs every step (a
+            debugging mode).  The default records the checks on the device and reads them
+            every ``log_every_n_steps``, at epoch end and before every checkpoint
+            (:class:`~cloc_lightning.callbacks.checks.DeviceChecks`): the same checks, no stall
+            of the GPU, reported at most ``log_every_n_steps`` batches late.
+        compile_backbone: ``torch.compile`` the image encoders (:attr:`backbone_modules`: the
+            backbone, and ReLIC's EMA target encoder) when a Trainer run starts
+            (:meth:`configure_model`): ``false`` (default), ``true`` (torch's defaults) or a dict
+            of ``torch.compile`` arguments (``{mode: max-autotune}``, ``{dynamic: false}``).  In
+            place (``nn.Module.compile``): the module tree and ``state_dict`` keys stay plain, so
+            checkpoints save, load, resume and probe the same compiled or not.  The first step,
+            and each new input shape or train/eval switch, waits for a compilation.
+        channels_last: keep the image encoders' 4-D weights and their 4-D inputs (every view)
+            in ``torch.channels_last`` (NHWC) memory format, which convolutions under mixed
+            precision on recent GPUs may run faster in.  The same numbers up to rounding;
+            checkpoints are interchangeable with contiguous runs.
+        optimizer_fused: the optimiser's ``fused`` argument (one kernel per step; Adam, AdamW
+            and SGD have one, RAdam does not); ``null`` (default) leaves torch's choice.
+        optimizer_foreach: the optimiser's ``foreach`` argument (multi-tensor operations; all
+            four optimisers); ``null`` (default) leaves torch's choice (foreach on CUDA).
+            Neither option changes the result beyond rounding.  The four speed options are off
+            by default until a GPU measurement shows they help (docs: *Speed options*).  A
+            subclass whose :meth:`build_optimizer` builds its own optimiser passes
+            ``**self.optimizer_options(its class)`` to it (checked when the optimiser is built).
     """
 
     #: constructor arguments not stored in ``hparams`` (non-serialisable objects)
     hparams_ignore: ClassVar[tuple[str, ...]] = ()
     #: state_dict key prefixes that ``init_from`` never loads
     init_from_exclude: ClassVar[tuple[str, ...]] = ()
+    #: attributes holding image encoders (``[B, 3, H, W] -> features``) that ``compile_backbone`` and ``channels_last`` apply to
+    backbone_modules: ClassVar[tuple[str, ...]] = ("backbone",)
 
     def __init__(
         self,
@@ -225,6 +358,11 @@ class BaseModule(L.LightningModule):
         backbone_init: BackboneInit = "timm",
         init_from: str | None = None,
         check_finite_loss: bool = True,
+        strict_checks: bool = False,
+        compile_backbone: bool | dict[str, Any] = False,
+        channels_last: bool = False,
+        optimizer_fused: bool | None = None,
+        optimizer_foreach: bool | None = None,
     ) -> None:
         super().__init__()
         check_float("lr", lr, minimum=0.0, strict_minimum=True)
@@ -238,8 +376,10 @@ class BaseModule(L.LightningModule):
                 f"warmup_from={warmup_from} needs warmup_epochs > 0 (got {warmup_epochs}) and a value >= 0: it is the "
                 "learning rate of the first warm-up step. Set warmup_epochs (SupContrast: 10), or warmup_from: null."
             )
+        _check_speed_options(compile_backbone, channels_last, optimizer, optimizer_fused, optimizer_foreach)
         self.save_hyperparameters(ignore=list(self.hparams_ignore))
         self._initialised_from: str | None = None
+        self._speed_applied: dict[str, int] = {}  # backbone_modules done by configure_model: name -> id(module)
         self.eval_means = nn.ModuleDict()  # the MeanMetrics of log_eval_mean, made on first use
         self.prepare_build()
         self.backbone, self.feature_dim = self.build_backbone()
@@ -308,17 +448,71 @@ class BaseModule(L.LightningModule):
         return [{"name": "model", "params": [p for p in self.parameters() if p.requires_grad]}]
 
     def build_optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-        """Build the optimiser over ``groups`` from the ``optimizer``/``lr``/... arguments."""
+        """Build the optimiser over ``groups`` from the ``optimizer``/``lr``/... arguments.
+
+        An override passes ``**self.optimizer_options(<optimiser class>)`` to the optimiser it
+        builds, so that ``optimizer_fused`` / ``optimizer_foreach`` reach it.
+        """
         h = self.hparams
+        cls = _OPTIMIZERS[h.optimizer]
         if h.optimizer == "sgd":
-            return torch.optim.SGD(groups, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov)
-        return _OPTIMIZERS[h.optimizer](groups, lr=h.lr, weight_decay=h.weight_decay)
+            return torch.optim.SGD(
+                groups, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov,
+                **self.optimizer_options(torch.optim.SGD),
+            )
+        return cls(groups, lr=h.lr, weight_decay=h.weight_decay, **self.optimizer_options(cls))
+
+    def optimizer_options(self, optimizer_class: Callable[..., Any]) -> dict[str, Any]:
+        """The ``fused`` / ``foreach`` keyword arguments of ``optimizer_fused`` / ``optimizer_foreach`` for ``optimizer_class``.
+
+        Only the options that are set (not ``null``); ``fused: false`` is left out for an
+        optimiser without a fused implementation (it is what such an optimiser does).  Raises
+        a ``ValueError`` naming the fix when ``optimizer_class`` does not take a requested option.
+        """
+        h = self.hparams
+        options: dict[str, Any] = {}
+        for name in ("fused", "foreach"):
+            value = h.get(f"optimizer_{name}")
+            if value is None:
+                continue
+            if not _accepts(optimizer_class, name):
+                if not value:
+                    continue
+                raise ValueError(
+                    f"optimizer_{name}: true, but {getattr(optimizer_class, '__name__', optimizer_class)} takes no {name!r} "
+                    f"argument (torch {torch.__version__}); set optimizer_{name}: null"
+                    + (" (optimizer_foreach: true may work instead)" if name == "fused" else "")
+                )
+            options[name] = bool(value)
+        return options
+
+    def _check_optimizer_options(self, optimizer: torch.optim.Optimizer) -> None:
+        """Check that the built optimiser runs with ``optimizer_fused`` / ``optimizer_foreach`` on a device that has them."""
+        options = self.optimizer_options(type(optimizer))
+        for name, value in options.items():
+            if optimizer.defaults.get(name) != value:
+                raise ValueError(
+                    f"optimizer_{name}: {str(value).lower()}, but {type(self).__name__}.build_optimizer built "
+                    f"{type(optimizer).__name__} with {name}={optimizer.defaults.get(name)!r}; pass "
+                    f"**self.optimizer_options({type(optimizer).__name__}) to the optimiser it builds, or set optimizer_{name}: null"
+                )
+        if options.get("fused"):
+            supported = _fused_devices()
+            devices = sorted({p.device.type for g in optimizer.param_groups for p in g["params"]} - set(supported))
+            if devices:
+                raise ValueError(
+                    f"optimizer_fused: true, but torch {torch.__version__} has fused {type(optimizer).__name__} kernels for "
+                    f"{supported} only and the parameters are on {devices}; set optimizer_fused: null (or try "
+                    "optimizer_foreach: true)"
+                )
 
     def configure_optimizers(self) -> Any:
         groups = [g for g in self.param_groups() if len(list(g["params"])) > 0]
         if not groups:
             raise RuntimeError(f"{type(self).__name__} has no trainable parameters to optimise")
         optimizer = self.build_optimizer(groups)
+        self._check_optimizer_options(optimizer)
+        optimizer.register_load_state_dict_post_hook(_match_param_layouts)  # resumes across memory formats
         h = self.hparams
         if h.scheduler == "none" and h.warmup_epochs == 0:
             return optimizer
@@ -356,9 +550,12 @@ class BaseModule(L.LightningModule):
         Checkpoint callbacks are put on the trainer directly rather than returned: Lightning
         drops every trainer callback of a type that ``configure_callbacks`` returns, which would
         discard checkpoints you configured (and print a misleading "will override" notice).
-        :class:`~cloc_lightning.resume.ResumeState` makes resumed fits exact.
+        :class:`~cloc_lightning.resume.ResumeState` makes resumed fits exact;
+        :class:`~cloc_lightning.callbacks.checks.DeviceChecks` reads the step's value checks
+        every ``log_every_n_steps`` (``strict_checks``: every step).
         """
         from cloc_lightning.callbacks.checkpoint import BestCheckpoint, LatestCheckpoint
+        from cloc_lightning.callbacks.checks import DeviceChecks
         from cloc_lightning.resume import ResumeState
 
         callbacks: list[Callback] = []
@@ -401,6 +598,8 @@ class BaseModule(L.LightningModule):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
         if not any(isinstance(cb, ResumeState) for cb in current):
             callbacks.append(ResumeState())
+        if not any(isinstance(cb, DeviceChecks) for cb in current):
+            callbacks.append(DeviceChecks(strict=bool(self.hparams.get("strict_checks", False))))
         return callbacks
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -422,32 +621,38 @@ class BaseModule(L.LightningModule):
     def on_before_backward(self, loss: torch.Tensor) -> None:
         """Stop with an error naming the fixes when the training loss is NaN/inf (``check_finite_loss``).
 
-        Raised before the backward pass, so the weights keep their last finite values (a
-        NaN loss would otherwise turn every weight NaN silently).  Under DDP the flag is
-        summed over ranks, so every rank raises and none hangs.  Costs one host sync per step.
+        By default the flag is recorded on the device (no host sync) and read every
+        ``log_every_n_steps`` (:class:`~cloc_lightning.callbacks.checks.DeviceChecks`); with
+        ``strict_checks`` (or outside a Trainer) it is read now, before the backward pass, so
+        the weights keep their last finite values.  Under DDP the strict flag is summed over
+        ranks (and the deferred read is all-reduced), so every rank raises and none hangs.
         """
         if not self.hparams.check_finite_loss:
             return
         from cloc_lightning import distributed as dist_utils
 
-        bad = (~torch.isfinite(loss.detach())).any().to(torch.float32).reshape(1)
+        finite = torch.isfinite(loss.detach()).all()
+        if deferring():
+            require(finite, _nonfinite_loss_message(type(self).__name__), FloatingPointError)
+            return
+        bad = (~finite).to(torch.float32).reshape(1)
         if dist_utils.is_distributed():
             bad = dist_utils.all_reduce_sum(bad)
         if bool(bad.item()):
             raise FloatingPointError(
-                f"{type(self).__name__}: the training loss is not finite ({float(loss.detach().float().sum())}) at "
-                f"step {self.global_step} (epoch {self.current_epoch}); stopped before the weights were updated. "
-                "Lower the learning rate (--model.lr), clip gradients (--trainer.gradient_clip_val 1.0), use "
-                "bf16-mixed instead of 16-mixed, or check the data for NaN/inf. Resume from the last finite "
-                "checkpoint with --ckpt_path; --model.check_finite_loss false turns this check off."
+                _nonfinite_loss_message(type(self).__name__)
+                + f" Loss {float(loss.detach().float().sum())} at step {self.global_step} (epoch {self.current_epoch}); "
+                "stopped before the weights were updated."
             )
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Stop before the optimiser step when a gradient is NaN/inf although the loss was finite (``check_finite_loss``).
+        """Stop when a gradient is NaN/inf although the loss was finite (``check_finite_loss``).
 
-        One max-abs reduction over the gradients and a host sync per step.  Under DDP the
-        gradients are already averaged, so every rank raises.  Skipped under fp16's
-        ``GradScaler``, which skips such steps itself.
+        One fused norm over the gradients (the 2-norm of each tensor, finite exactly when
+        every entry is, short of a norm above ~1e19), recorded on the device by default and
+        read every ``log_every_n_steps``; with ``strict_checks`` read now, before the optimiser
+        step (weights unchanged).  Under DDP the gradients are already averaged, so every rank
+        raises.  Skipped under fp16's ``GradScaler``, which skips such steps itself.
         """
         if not self.hparams.check_finite_loss:
             return
@@ -455,15 +660,19 @@ class BaseModule(L.LightningModule):
         if trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None:
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not grads or bool(torch.isfinite(_max_abs(grads))):
+        if not grads:
+            return
+        finite = _grads_finite(grads)
+        if deferring():
+            require(finite, _nonfinite_grad_message(type(self).__name__), FloatingPointError)
+            return
+        if bool(finite):
             return
         bad = [n for n, p in self.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
         raise FloatingPointError(
-            f"{type(self).__name__}: non-finite gradients (NaN/inf) in {len(bad)} tensor(s) {bad[:4]} at step "
-            f"{self.global_step} although the loss was finite; stopped before the optimiser step (weights unchanged). "
-            "On CPU, bf16 autocast convolutions on 1x1 feature maps (small images or crops through a deep network) "
-            "are a known source (use --trainer.precision 32-true, or larger crops); otherwise lower the learning "
-            "rate or clip gradients. --model.check_finite_loss false turns this check off."
+            _nonfinite_grad_message(type(self).__name__)
+            + f" Non-finite in {len(bad)} tensor(s) {bad[:4]} at step {self.global_step}; stopped before the optimiser "
+            "step (weights unchanged)."
         )
 
     # ---------------------------------------------------------------- checkpoints
@@ -492,6 +701,35 @@ class BaseModule(L.LightningModule):
         check_checkpoint(self, checkpoint)
 
     # ---------------------------------------------------------------- lifecycle
+    def configure_model(self) -> None:
+        """Apply ``channels_last`` and ``compile_backbone`` to the :attr:`backbone_modules`, once per module.
+
+        Lightning calls this hook at the start of every ``fit`` / ``validate`` / ``test`` /
+        ``predict``, before a checkpoint is restored and the optimiser is built.  Both options
+        work in place and keep the module tree: ``channels_last`` converts the 4-D weights and
+        registers a forward pre-hook that converts the encoder's 4-D inputs;
+        ``compile_backbone`` calls ``module.compile(...)`` (``nn.Module.compile``), never
+        ``torch.compile(module)``, whose wrapper would add ``_orig_mod.`` to every
+        ``state_dict`` key.  Plain Python use (no Trainer) runs uncompiled; call this
+        method to apply them there.  A subclass overriding it calls ``super().configure_model()``.
+        """
+        super().configure_model()
+        h = self.hparams
+        compile_args = h.get("compile_backbone", False)
+        applied = getattr(self, "_speed_applied", None)
+        if applied is None:
+            applied = self._speed_applied = {}
+        for name in self.backbone_modules:
+            module = getattr(self, name, None)
+            if not isinstance(module, nn.Module) or applied.get(name) == id(module):
+                continue
+            if h.get("channels_last", False):
+                cast(Any, module)._apply(_to_channels_last)  # every 4-D parameter/buffer (and gradient), in place
+                module.register_forward_pre_hook(_channels_last_inputs)
+            if compile_args:
+                module.compile(**(dict(compile_args) if isinstance(compile_args, dict) else {}))
+            applied[name] = id(module)
+
     def setup(self, stage: str) -> None:
         """Apply ``init_from`` once, unless a checkpoint is being resumed (``--ckpt_path``)."""
         path = self.hparams.init_from

@@ -280,8 +280,8 @@ class CLOCModule(ClassifierModule):
         self.log("train/cloc_share", weighted / (ce.detach() + weighted).clamp_min(1e-12), batch_size=n)
         self.log("train/acc", (logits.argmax(1) == y).float().mean(), batch_size=n)
         every = self.hparams.log_margins_every_n_steps
-        if every and self.global_step % every == 0:
-            values = self.cloc_loss.margin_scalars()
+        if every and self.global_step % every == 0:  # device tensors: read only when the logger writes
+            values = self.cloc_loss.margin_values()
             self.log_dict({f"margins/{k}": v for k, v in values.items()}, batch_size=n)
         return loss
 

@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
+from cloc_lightning.checks import require
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
+from cloc_lightning.nn.online_probe import masked_cross_entropy
 
 __all__ = ["LinearProbeModule"]
 
@@ -199,16 +201,15 @@ class LinearProbeModule(ClassifierModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
-        keep = y >= 0
-        if not bool(keep.all()):
-            x, y = x[keep], y[keep]
-        if y.numel() == 0:  # an all-unlabelled batch: nothing to learn from
-            return torch.stack([p.sum() for p in self.head.parameters()]).sum() * 0.0
+        # unlabelled rows (y < 0) are ignored by the loss; the frozen encoder is in eval mode, so they change
+        # nothing else (no boolean-mask indexing: that would read the device every step)
+        require(y < self.num_classes, f"a training label is >= num_classes={self.num_classes}; set --model.num_classes to the "
+                "data module's number of classes", detail=lambda: f" (largest label {int(y.max())})")
         logits = self(x)
-        loss = F.cross_entropy(logits.float(), y)
+        loss, acc = masked_cross_entropy(logits.float(), y, self.num_classes)
         n = y.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
-        self.log("train/acc", (logits.argmax(1) == y).float().mean(), batch_size=n)
+        self.log("train/acc", acc, batch_size=n)
         return loss
 
     def encoder_metadata(self) -> dict[str, Any]:

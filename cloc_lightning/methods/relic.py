@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from cloc_lightning.callbacks.checks import is_logging_step
 from cloc_lightning.losses.base import Loss
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.base import OptimizerName, SchedulerName
@@ -152,6 +153,8 @@ class ReLICModule(PretrainModule):
 
     #: state_dict prefix of the evaluation encoder (the EMA target's), read by :mod:`cloc_lightning.probe`
     encoder_prefix = "target_encoder."
+    #: ``compile_backbone`` / ``channels_last`` apply to the online and the EMA target encoder
+    backbone_modules = ("backbone", "target_encoder")
 
     def __init__(
         self,
@@ -504,9 +507,12 @@ class ReLICModule(PretrainModule):
         crit = self.criterion
         tau = getattr(crit, "tau", None)
         b = getattr(crit, "b", None)
-        logs: dict[str, Any] = {"train/invariance": invariance.detach(), "train/gamma": gamma}
-        if self._trainer is not None:
-            logs["train/beta"] = self.effective_beta(step)
+        logs: dict[str, Any] = {"train/invariance": invariance.detach()}
+        if self._trainer is None or is_logging_step(self.trainer):
+            # Python numbers: self.log copies each to the device, so only on the steps the loggers write
+            logs["train/gamma"] = gamma
+            if self._trainer is not None:
+                logs["train/beta"] = self.effective_beta(step)
         if isinstance(tau, torch.Tensor):
             logs["train/tau"] = tau.detach().float()
             logs["train/logit_scale"] = tau.detach().float().exp().clamp(max=float(self.hparams.max_tau))

@@ -187,12 +187,10 @@ class SupConModule(PretrainModule):
         if self.method == "simclr":
             return None
         unlabelled = y < 0
-        if not bool(unlabelled.any()):
-            return y
-        y = y.clone()
+        # the k-th unlabelled row (0-based) gets offset + k, computed on the device (no host sync)
         offset = (self.global_rank + 1) * (1 << 40)
-        y[unlabelled] = offset + torch.arange(int(unlabelled.sum()), device=y.device)
-        return y
+        fresh = offset + torch.cumsum(unlabelled.to(torch.int64), 0) - 1
+        return torch.where(unlabelled, fresh, y)
 
     def contrastive_loss(self, views: list[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, features [n_views * B, D])`` of a multi-view batch."""

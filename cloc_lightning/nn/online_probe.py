@@ -30,10 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 
+from cloc_lightning.checks import require
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
-__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "knn_accuracy"]
+__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "knn_accuracy", "masked_cross_entropy"]
 
 Stage = Literal["train", "val", "test"]
 #: metrics of a probe: ``nominal`` (top-1/top-5) or ``ordinal`` (MAE, QWK, ...)
@@ -148,11 +149,12 @@ class OnlineLinearProbe(nn.Module):
             raise ValueError(f"labels must be [B] with B = {features.shape[0]}, got {tuple(y.shape)}")
         if y.is_floating_point():
             raise TypeError(f"labels must be integer class ids, got dtype {y.dtype}")
-        if bool((y >= self.num_classes).any()):
-            raise ValueError(
-                f"label {int(y.max())} is out of range for the online probe's {self.num_classes} classes; "
-                "set the module's num_classes to the data module's"
-            )
+        require(  # read at once, or recorded on the device inside a Trainer's step (cloc_lightning.checks)
+            y < self.num_classes,
+            f"a label is out of range for the online probe's {self.num_classes} classes; "
+            "set the module's num_classes to the data module's",
+            detail=lambda: f" (largest label {int(y.max())})",
+        )
 
     def training_step(self, features: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Cross-entropy of the probe on the labelled rows; ``(loss, {name: value})`` to log.
@@ -161,16 +163,11 @@ class OnlineLinearProbe(nn.Module):
         probe parameter (so DDP sees them all used).
         """
         self._check(features, y)
-        keep = y >= 0
         logits = self(features)
-        if not bool(keep.all()):
-            logits, y = logits[keep], y[keep]
-        prefix = f"train/{self.name}"
+        loss, acc = masked_cross_entropy(logits, y, self.num_classes)
         if y.numel() == 0:
-            zero = torch.stack([p.sum() for p in self.classifier.parameters()]).sum() * 0.0
-            return zero, {f"{prefix}/loss": zero.detach()}
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).float().mean()
+            loss = loss + torch.stack([p.sum() for p in self.classifier.parameters()]).sum() * 0.0
+        prefix = f"train/{self.name}"
         return loss, {f"{prefix}/loss": loss.detach(), f"{prefix}/acc": acc}
 
     @torch.no_grad()
@@ -204,6 +201,26 @@ class OnlineLinearProbe(nn.Module):
 
     def extra_repr(self) -> str:
         return f"task={self.task!r}, name={self.name!r}"
+
+
+def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy and accuracy over the labelled rows (``y >= 0``) of a batch, without a host sync.
+
+    ``(loss, acc)``: the mean cross-entropy of ``logits`` [B, C] over the labelled rows
+    (``F.cross_entropy`` with the unlabelled rows as ``ignore_index``: on a fully labelled
+    batch exactly ``F.cross_entropy(logits, y)``) and their accuracy (detached).  Without a
+    labelled row the loss is 0 (it keeps its graph, with zero gradients) and the accuracy NaN.  Labels are
+    clamped below ``num_classes`` so that a label whose range check is deferred
+    (:mod:`cloc_lightning.checks`) cannot index out of bounds.
+    """
+    labelled = y >= 0
+    target = torch.where(labelled, y.clamp(max=num_classes - 1), torch.full_like(y, -100))
+    ce = F.cross_entropy(logits, target, ignore_index=-100)  # NaN (0 / 0) when no row is labelled
+    n = labelled.sum()
+    loss = torch.where(n > 0, ce, torch.zeros_like(ce))
+    hits = ((logits.detach().argmax(dim=1) == y) & labelled).sum()
+    acc = hits.to(torch.float32) / n.to(torch.float32)  # NaN (undefined; a gap in TensorBoard) without labelled rows
+    return loss, acc
 
 
 @torch.no_grad()
@@ -340,6 +357,7 @@ class OnlineEvaluator:
         self.probe: OnlineLinearProbe | None = None
         self._bank_features: torch.Tensor | None = None
         self._bank_labels: torch.Tensor | None = None
+        self._bank_next: torch.Tensor | None = None  # the ring buffer's next slot, on the device
 
     # ------------------------------------------------------------------ probe
     @property
@@ -433,32 +451,55 @@ class OnlineEvaluator:
     # ------------------------------------------------------------------ kNN monitor
     def reset(self) -> None:
         """Forget the kNN bank (its features belong to the weights they were computed with)."""
-        self._bank_features = self._bank_labels = None
+        self._bank_features = self._bank_labels = self._bank_next = None
 
     @torch.no_grad()
     def _remember(self, features: torch.Tensor, y: torch.Tensor) -> None:
-        if self.knn_k <= 0:
+        """Write the labelled rows of a training batch into the kNN bank, a ring buffer on the device.
+
+        No host sync: the labelled rows are moved to the front (a stable sort on the
+        "unlabelled" flag), the first ``n_labelled`` of them are written at the ring's
+        position (a device counter) and the others leave the bank as it was.  Empty slots
+        have label -1 and are skipped by :meth:`knn_accuracy`.
+        """
+        if self.knn_k <= 0 or y.numel() == 0:
             return
-        keep = y >= 0
-        if not bool(keep.any()):
-            return
-        f, lab = features[keep].detach().float(), y[keep].detach()
-        if self._bank_features is not None and self._bank_labels is not None and self._bank_features.device == f.device:
-            f = torch.cat([self._bank_features, f])
-            lab = torch.cat([self._bank_labels, lab])
-        self._bank_features, self._bank_labels = f[-self.knn_bank_size :], lab[-self.knn_bank_size :]
+        size = self.knn_bank_size
+        f = features.detach().float()
+        if self._bank_features is None or self._bank_labels is None or self._bank_features.device != f.device \
+                or self._bank_features.shape[1] != f.shape[1]:
+            self._bank_features = f.new_zeros(size, f.shape[1])
+            self._bank_labels = torch.full((size,), -1, dtype=torch.int64, device=f.device)
+            self._bank_next = torch.zeros((), dtype=torch.int64, device=f.device)
+        labelled = y >= 0
+        order = torch.argsort((~labelled).to(torch.int8), stable=True)[:size]  # labelled rows first, in batch order
+        n_new = labelled.sum().clamp(max=size)
+        nxt = self._bank_next if self._bank_next is not None else torch.zeros((), dtype=torch.int64, device=f.device)
+        slots = (nxt + torch.arange(order.shape[0], device=f.device)) % size
+        write = (torch.arange(order.shape[0], device=f.device) < n_new)
+        old_f, old_y = self._bank_features[slots], self._bank_labels[slots]
+        self._bank_features.index_copy_(0, slots, torch.where(write.unsqueeze(1), f[order], old_f))
+        self._bank_labels.index_copy_(0, slots, torch.where(write, y[order].detach().to(torch.int64), old_y))
+        self._bank_next = (nxt + n_new) % size
 
     def knn_accuracy(self, features: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """Accuracy of the weighted kNN vote of the bank on the labelled rows; ``None`` when off, empty or unlabelled."""
+        """Accuracy of the weighted kNN vote of the bank on the labelled rows; ``None`` when off, empty or unlabelled.
+
+        An evaluation step (not the training step): it reads the device to drop empty bank slots.
+        """
         keep = y >= 0
         if self.knn_k <= 0 or self._bank_features is None or self._bank_labels is None or not bool(keep.any()):
             return None
+        filled = self._bank_labels >= 0
+        if not bool(filled.any()):
+            return None
+        bank_features, bank_labels = self._bank_features[filled], self._bank_labels[filled]
         n_classes = self.probe.num_classes if self.probe is not None else None
         if n_classes is None:
-            n_classes = int(max(int(self._bank_labels.max()), int(y[keep].max()))) + 1
+            n_classes = int(max(int(bank_labels.max()), int(y[keep].max()))) + 1
         with torch.autocast(device_type=features.device.type, enabled=False):  # float32 similarities and votes
             scores = knn_predict(
-                self._bank_features, self._bank_labels, features[keep].float(), n_classes, self.knn_k, self.knn_temperature
+                bank_features, bank_labels, features[keep].float(), n_classes, self.knn_k, self.knn_temperature
             )
         return (scores.argmax(dim=1) == y[keep].to(scores.device)).float().mean()
 

@@ -80,26 +80,38 @@ class _NaNShapes(OrdinalShapesDataModule):
         return poisoned
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "deferred"])
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_nan_inputs_stop_every_module_before_the_weights_change(name: str, tmp_path: Path) -> None:
-    model, dm = _make(name)
+def test_nan_inputs_stop_every_module(name: str, strict: bool, tmp_path: Path) -> None:
+    """``strict_checks``: stopped at the first step, before the weights change.  Default (checks read every
+    ``log_every_n_steps``, at epoch end and before checkpoints): stopped with the same message, no checkpoint written."""
+    model, dm = _make(name, strict_checks=strict)
     dm = _NaNShapes(num_classes=4, train_size=32, val_size=8, test_size=8, batch_size=8, num_workers=0,
                     image_size=dm.image_size, augment="none", train_views=dm.train_views)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     with pytest.raises((ValueError, FloatingPointError), match="NaN|not finite") as info:
-        _fit(model, dm, tmp_path)
+        _fit(model, dm, tmp_path, enable_checkpointing=True)
     assert "learning rate" in str(info.value)
-    assert _all_finite(model)
-    assert all(torch.equal(p.detach(), before[k]) for k, p in model.named_parameters())  # no NaN update
+    assert not list(tmp_path.rglob("*.ckpt"))
+    if strict:
+        assert _all_finite(model)
+        assert all(torch.equal(p.detach(), before[k]) for k, p in model.named_parameters())  # no NaN update
+    else:
+        assert "first failed 0 batch(es) after the previous check" in str(info.value)
 
 
 def test_non_finite_gradients_with_a_finite_loss_stop_before_the_step(tmp_path: Path) -> None:
     """A backward kernel that returns NaN (PyTorch 2.14's CPU bf16 convolution does so, sporadically, for 1x1
-    feature maps) leaves the loss finite: the gradient check names the parameter and keeps the weights."""
+    feature maps) leaves the loss finite: the gradient check stops the run; with ``strict_checks`` it names the
+    parameter and keeps the weights."""
     model, dm = _make("CEModule")
     model.head.weight.register_hook(lambda g: g * float("nan"))
+    with pytest.raises(FloatingPointError, match=r"non-finite gradients .*32-true.*strict_checks"):
+        _fit(model, dm, tmp_path)
+    model, dm = _make("CEModule", strict_checks=True)
+    model.head.weight.register_hook(lambda g: g * float("nan"))
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    with pytest.raises(FloatingPointError, match=r"non-finite gradients .*\['head.weight'\].*32-true"):
+    with pytest.raises(FloatingPointError, match=r"non-finite gradients .*32-true.*\['head.weight'\]"):
         _fit(model, dm, tmp_path)
     assert all(torch.equal(p.detach(), before[k]) for k, p in model.named_parameters())
 
