@@ -356,11 +356,14 @@ class OrdinalCLIPModule(ClassifierModule):
         The reference's RAdam (``ordinalclip/runner/optim/custom_optim/radam.py``, Liu et al.)
         applies weight decay as ``p ← p − lr·wd·p``; ``torch.optim.RAdam`` does that with
         ``decoupled_weight_decay=True`` (its default adds ``wd·p`` to the gradient instead).
-        Same result with ``weight_decay: 0``.
+        Same result with ``weight_decay: 0``.  ``optimizer_foreach`` reaches it; RAdam has no fused kernel.
         """
         h = self.hparams
         if h.optimizer == "radam":
-            return torch.optim.RAdam(groups, lr=h.lr, weight_decay=h.weight_decay, decoupled_weight_decay=True)
+            return torch.optim.RAdam(
+                groups, lr=h.lr, weight_decay=h.weight_decay, decoupled_weight_decay=True,
+                **self.optimizer_options(torch.optim.RAdam),
+            )
         return super().build_optimizer(groups)
 
     def param_groups(self) -> list[dict[str, Any]]:
