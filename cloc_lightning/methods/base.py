@@ -723,6 +723,12 @@ class BaseModule(L.LightningModule):
             module = getattr(self, name, None)
             if not isinstance(module, nn.Module) or applied.get(name) == id(module):
                 continue
+            if isinstance(getattr(module, "_orig_mod", None), nn.Module):  # a torch.compile(...) wrapper (OptimizedModule)
+                raise TypeError(
+                    f"{type(self).__name__}.{name} is a torch.compile(...) wrapper: its state_dict keys gain '_orig_mod.', so "
+                    "its checkpoints fit neither plain modules nor LinearProbeModule / cloc-lightning probe. Return the "
+                    "plain module from build_backbone and set compile_backbone: true (it compiles in place, keys unchanged)"
+                )
             if h.get("channels_last", False):
                 cast(Any, module)._apply(_to_channels_last)  # every 4-D parameter/buffer (and gradient), in place
                 module.register_forward_pre_hook(_channels_last_inputs)

@@ -321,6 +321,14 @@ def test_mistakes_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         _fit(own, tmp_path / "own", limit_val_batches=0)
     assert _OwnOptimiser(num_classes=4, backbone=TINY_BACKBONE, scheduler="none").configure_optimizers() is not None  # as before
 
+    class _Wrapped(CEModule):  # compiling by wrapping, in build_backbone: what compile_backbone replaces
+        def build_backbone(self) -> tuple[nn.Module, int]:
+            net, dim = super().build_backbone()
+            return torch.compile(net, backend="eager"), dim  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match=r"_Wrapped.backbone is a torch.compile\(...\) wrapper.*'_orig_mod\.'.*compile_backbone: true"):
+        _fit(_Wrapped(num_classes=4, backbone=TINY_BACKBONE), tmp_path / "wrapped")
+
     monkeypatch.setattr(base_module, "_fused_devices", lambda: ["cuda"])  # a device without fused kernels
     with pytest.raises(ValueError, match=r"fused AdamW kernels for \['cuda'\] only.*on \['cpu'\]; set optimizer_fused: null"):
         _ce(optimizer="adamw", optimizer_fused=True, scheduler="none").configure_optimizers()
