@@ -20,6 +20,9 @@
 # run.log, gpu_configs.{md,json}, gpu_losses.{md,json}, throughput.{md,json}.
 # Exit status: 0 when the tier and the benchmark passed; 1 otherwise (the log says which).
 #
+# On a lent machine that receives the checkout and runs one command, carry the git-ignored .ci/gpu/cache
+# along (about 32 MB) and run `bash .ci/gpu/run.sh` with a limit of about 590 s; $OUT then holds 7 files.
+#
 # Environment: PYTHON (default python3), CLOC_GPU_CACHE (default .ci/gpu/cache), CLOC_GPU_WORK (default
 # a fresh /tmp folder), CLOC_GPU_TEST_BUDGET (seconds after which the tier starts no more config runs,
 # default 300; it is killed 120 s later), CLOC_GPU_BENCH_BUDGET

@@ -57,7 +57,7 @@ def _sync_site(stack: list[traceback.FrameSummary]) -> str:
     """The innermost frame outside torch/warnings internals (where the sync was asked for), as ``file:line (function)``."""
     for frame in reversed(stack):
         path = frame.filename.replace("\\", "/")
-        if "/torch/" in path or path.endswith("/warnings.py") or path.endswith("tests/gpu/_probe.py"):
+        if "/torch/" in path or path.endswith(("/warnings.py", "/_py_warnings.py", "tests/gpu/_probe.py")):
             continue
         return f"{path}:{frame.lineno} ({frame.name})"
     last = stack[-1] if stack else None

@@ -125,6 +125,18 @@ def config_args(config: str, data: dict[str, tuple[Path, str]], folders: dict[st
     return args, source
 
 
+def describe(args: list[str], data: dict[str, tuple[Path, str]], folders: dict[str, Path]) -> str:
+    """The overrides for the table, with ``<data>`` and ``<run of CONFIG>`` instead of this machine's paths."""
+    places = [(str(root), "<data>") for root, _ in data.values()]
+    places += [(str(folder), f"<run of {config}>") for config, folder in folders.items()]
+    out = []
+    for arg in args:
+        for path, name in places:
+            arg = arg.replace(path, name)
+        out.append(arg)
+    return " ".join(out)
+
+
 def run_fit(config: str, precision: str, extra: list[str], tmp: Path, steps: int = STEPS, sync_mode: str = SYNC_MODE) -> dict[str, Any]:
     """``cloc-lightning fit --config <config> <common args> <extra>`` in this process; the probe's numbers + wall time."""
     from cloc_lightning.cli import main
@@ -197,7 +209,7 @@ def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple
     _feed(config, stage_one_folders, data, tmp_path)
     extra, source = config_args(config, data, stage_one_folders)
     row: dict[str, Any] = {"config": config, "precision": precision, "data": source,
-                           "overrides": " ".join(a for a in extra if not a.startswith(str(tmp_path)))}
+                           "overrides": describe(extra, data, stage_one_folders)}
     try:
         result = run_fit(config, precision, extra, tmp_path)
     except BaseException as e:
@@ -209,7 +221,8 @@ def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple
                                             "peak_reserved_mib", "start_alloc_mib", "ms_per_step", "wall_s")})
     row.update(n_syncs=len(syncs) if result.get("checked_batches") else None,
                sync_sites="; ".join(f"{n}× {s}" for s, n in Counter(x["site"] for x in syncs).most_common(4)) or None,
-               status="syncs" if syncs else "ok")
+               status="syncs" if syncs else "ok",
+               sync_stacks={x["site"]: "".join(x["stack"]) for x in reversed(syncs)})  # the first stack of each site (JSON only)
     losses: dict[str, float] = result.get("train_losses", {})
     configs_table.add(row)
     if precision == "32-true" or config not in stage_one_folders:
