@@ -34,6 +34,10 @@ from lightning.pytorch.callbacks import Callback
 
 PACKAGE = str(Path(__file__).resolve().parents[1] / "cloc_lightning")
 
+#: library functions that run only on CPU tensors (each checks the device first), where reading a value
+#: stalls nothing: CLOC's packed-key row sort (NumPy's in-place sort) and the sigmoid loss's fixed exp shift.
+#: On CUDA they are not called (tests/methods/test_sync_free_step.py checks the device tests).
+CPU_ONLY = frozenset({"_argsort_rows_packed", "_exp_shift"})
 _LOADER = "torch/utils/data/"
 _OPTIM = "torch/optim/"
 _VALUE_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "cpu")
@@ -76,12 +80,16 @@ class SyncCounter(Callback):
         try:
             frame = sys._getframe(2)
             caller = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+            if _OPTIM in frame.f_code.co_filename:
+                return  # torch.optim reading its own step counters (host tensors); the closure it runs is counted
             library = None
             while frame is not None:
                 name = frame.f_code.co_filename
-                if _LOADER in name or _OPTIM in name:
-                    return  # the data pipeline (CPU, in loader workers) or torch.optim's host-side step counters
+                if _LOADER in name:
+                    return  # the data pipeline (CPU, in loader workers)
                 if name.startswith(PACKAGE) and library is None:
+                    if frame.f_code.co_name in CPU_ONLY:
+                        return  # a CPU fast path, never taken on an accelerator (see CPU_ONLY)
                     library = f"{Path(name).relative_to(Path(PACKAGE).parent)}:{frame.f_lineno} {frame.f_code.co_name}"
                 frame = frame.f_back
             self.events.setdefault(self.batch, []).append(Event(kind, library is not None, library or caller))

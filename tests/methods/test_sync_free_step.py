@@ -26,7 +26,7 @@ from cloc_lightning.callbacks import CLOCMarginPlot
 from cloc_lightning.checks import DeferredChecks, require
 from cloc_lightning.methods import ReLICModule
 from tests._reliability import MODULES, RELIC_ARGS, SMALL, _make, _shapes
-from tests._syncs import SyncCounter
+from tests._syncs import CPU_ONLY, SyncCounter
 
 LOG_EVERY = 5
 BATCHES = 13
@@ -79,8 +79,14 @@ def test_plain_lightning_module_baseline(tmp_path: Path) -> None:
     assert max(totals) <= 3, counter.summary(typical, library=None)  # the progress bar's reads of its metrics
 
 
+@pytest.fixture(scope="module")
+def plain_baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    plain = _count(_Plain(), _shapes(train_size=8 * BATCHES), tmp_path_factory.mktemp("plain"))
+    return {"most": max(len(v) for v in plain.per_step(plain.steps(), library=None).values())}
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_library_sync_on_a_typical_training_step(name: str, tmp_path: Path) -> None:
+def test_no_library_sync_on_a_typical_training_step(name: str, tmp_path: Path, plain_baseline: dict[str, int]) -> None:
     extra: dict[str, Any] = {}
     callbacks: list[Any] = []
     if name == "ReLICModule":
@@ -96,14 +102,15 @@ def test_no_library_sync_on_a_typical_training_step(name: str, tmp_path: Path) -
     assert len(typical) >= 6, typical
     library = counter.summary(typical, library=True)
     assert not library, f"{name}: host syncs of the library on typical training steps: {dict(library)}"
-    plain = _count(_Plain(), _shapes(train_size=8 * BATCHES), tmp_path / "plain")
-    most = max(len(v) for v in plain.per_step(plain.steps(), library=None).values())
+    most = plain_baseline["most"]
     totals = counter.per_step(typical, library=None)
     assert max(len(v) for v in totals.values()) <= most, counter.summary(typical, library=None)
-    # the checks are read on the logging steps: one read (a few value reads of the stacked flags), no more
+    # logging steps: the one read of the deferred checks, plus what self.log needs for logged Python numbers
     for step in sorted(counter.logging_steps)[:-1]:
-        reads = [e for e in counter.events.get(step, []) if e.library]
-        assert reads and all("checks.py" in e.where for e in reads), (step, [(e.kind, e.where) for e in reads])
+        events = [e for e in counter.events.get(step, []) if e.library]
+        reads = [e for e in events if "checks.py" in e.where]
+        others = [e for e in events if "checks.py" not in e.where and not e.kind.startswith("torch.tensor(number)")]
+        assert len(reads) == 1 and not others, (step, [(e.kind, e.where) for e in events])
 
 
 def test_the_counter_sees_each_kind_of_sync(tmp_path: Path) -> None:
@@ -125,6 +132,25 @@ def test_the_counter_sees_each_kind_of_sync(tmp_path: Path) -> None:
                  "boolean-mask indexing", "torch.tensor(number): host-to-device copy"):
         assert kind in kinds, (kind, kinds)
     assert [e.library for e in counter.events[0]][-1]  # the read inside cloc_lightning.checks is the library's
+
+
+def test_the_cpu_only_fast_paths_are_not_taken_off_the_cpu() -> None:
+    """The two library functions the counter leaves out (``tests._syncs.CPU_ONLY``) read values only on CPU."""
+    from cloc_lightning.losses import cloc, sigmoid
+
+    assert CPU_ONLY == {"_argsort_rows_packed", "_exp_shift"}
+    meta = torch.ones(4, 6, device="meta")
+    assert sigmoid._exp_shift(torch.tensor(10.0, device="meta")) is None
+    calls = []
+    original = cloc._argsort_rows_packed
+    cloc._argsort_rows_packed = lambda *a: calls.append(a)  # type: ignore[assignment]
+    try:
+        cloc._argsort_rows(meta, torch.zeros(4, 6, dtype=torch.bool, device="meta"))
+        assert not calls
+        cloc._argsort_rows(torch.ones(4, 6), torch.zeros(4, 6, dtype=torch.bool))
+        assert len(calls) == 1  # the CPU path is the packed sort
+    finally:
+        cloc._argsort_rows_packed = original
 
 
 def test_deferred_checks_record_without_reading_and_raise_the_first_failure() -> None:
