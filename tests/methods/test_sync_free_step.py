@@ -138,7 +138,7 @@ def test_the_cpu_only_fast_paths_are_not_taken_off_the_cpu() -> None:
     """The two library functions the counter leaves out (``tests._syncs.CPU_ONLY``) read values only on CPU."""
     from cloc_lightning.losses import cloc, sigmoid
 
-    assert CPU_ONLY == {"_argsort_rows_packed", "_exp_shift"}
+    assert {"_argsort_rows_packed", "_exp_shift"} == CPU_ONLY
     meta = torch.ones(4, 6, device="meta")
     assert sigmoid._exp_shift(torch.tensor(10.0, device="meta")) is None
     calls = []
