@@ -184,19 +184,54 @@ def data(cifar10_folder: tuple[Path, str], utkface_folder: tuple[Path, str], tor
             "torchvision": (torchvision_root, "generated (random images, torchvision's file layout)")}
 
 
+def _probe_config(config: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path], configs_table: Table,
+                  tmp_path: Path) -> None:
+    """``cloc-lightning probe --config <config> --device cuda`` (scikit-learn on frozen features) on its SupCon run's checkpoint."""
+    from cloc_lightning.cli import main
+
+    root, source = data["cifar10"]
+    ckpt = stage_one_folders[FED_BY[config]] / "checkpoints" / "last.ckpt"
+    out = tmp_path / "probe.json"
+    device = "cuda" if CUDA else "cpu"
+    if CUDA:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    row: dict[str, Any] = {"config": config, "precision": "32-true", "data": source, "status": "ok",
+                           "overrides": f"probe --device {device} --data.init_args.train_fraction 0.05"}
+    try:
+        main(["probe", "--config", str(CONFIGS / config), "--ckpt", str(ckpt), "--data.init_args.root", str(root),
+              "--data.init_args.train_fraction", "0.05", "--device", device, "--output", str(out), "--debug"])
+    except BaseException as e:
+        row.update(status=f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
+        configs_table.add(row)
+        raise
+    row["wall_s"] = time.perf_counter() - start
+    if CUDA:
+        row["peak_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        row["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
+    configs_table.add(row)
+    result = json.loads(out.read_text())
+    assert result["n_train"] > 0 and result["n_test"] > 0
+    assert 0.0 <= result["top1"] <= 1.0, result
+
+
 @pytest.fixture(autouse=True)
 def _within_budget(request: pytest.FixtureRequest, configs_table: Table) -> None:
     """Past ``CLOC_GPU_BUDGET`` seconds of this session, the case is skipped (and its row says so) instead of started."""
     spent = time.monotonic() - SESSION_START
     if BUDGET is not None and spent > BUDGET:
-        params = getattr(request.node, "callspec", None)
-        config = params.params.get("config", "linear_probe/probe_cifar10_cpu.yaml") if params else "linear_probe/probe_cifar10_cpu.yaml"
-        precision = params.params.get("precision", "32-true") if params else "32-true"
-        configs_table.add({"config": config, "precision": precision, "status": f"not run: CLOC_GPU_BUDGET {BUDGET:.0f} s spent"})
+        params = request.node.callspec.params
+        configs_table.add({"config": params["config"], "precision": params["precision"],
+                           "status": f"not run: CLOC_GPU_BUDGET {BUDGET:.0f} s spent"})
         pytest.skip(f"CLOC_GPU_BUDGET={BUDGET:.0f} s spent ({spent:.0f} s so far): not started")
 
 
-CASES = [pytest.param(c, p, id=f"{c}-{p}") for c in _fit_configs() for p in PRECISIONS]
+#: every config at the first precision, then every config at the next: a run cut short by the budget still
+#: covers each config (the first precision also makes the run folders the chained configs read)
+CASES = [pytest.param(c, p, id=f"{c}-{p}") for p in PRECISIONS for c in _fit_configs()]
+CASES.insert(len(_fit_configs()), pytest.param("linear_probe/probe_cifar10_cpu.yaml", "32-true", id="linear_probe/probe_cifar10_cpu.yaml-probe"))
 
 
 @pytest.mark.timeout(600)
@@ -207,6 +242,9 @@ def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple
     if precision == "16-mixed" and not CUDA:
         pytest.skip("16-mixed needs a CUDA device")
     _feed(config, stage_one_folders, data, tmp_path)
+    if config in PROBE_CONFIGS:
+        _probe_config(config, data, stage_one_folders, configs_table, tmp_path)
+        return
     extra, source = config_args(config, data, stage_one_folders)
     row: dict[str, Any] = {"config": config, "precision": precision, "data": source,
                            "overrides": describe(extra, data, stage_one_folders)}
@@ -239,33 +277,3 @@ def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple
             f"{config} at {precision}: {len(syncs)} host sync(s) in {result['checked_batches']} checked training batches:\n"
             + _sync_report(syncs)
         )
-
-
-@pytest.mark.timeout(300)
-def test_probe_config_on_one_device(data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path],
-                                    configs_table: Table, tmp_path: Path) -> None:
-    """``cloc-lightning probe --config configs/linear_probe/probe_cifar10_cpu.yaml --device cuda`` on a SupCon checkpoint."""
-    from cloc_lightning.cli import main
-
-    config = "linear_probe/probe_cifar10_cpu.yaml"
-    _feed(config, stage_one_folders, data, tmp_path)
-    root, source = data["cifar10"]
-    ckpt = stage_one_folders[FED_BY[config]] / "checkpoints" / "last.ckpt"
-    out = tmp_path / "probe.json"
-    device = "cuda" if CUDA else "cpu"
-    if CUDA:
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    main(["probe", "--config", str(CONFIGS / config), "--ckpt", str(ckpt), "--data.init_args.root", str(root),
-          "--data.init_args.train_fraction", "0.05", "--device", device, "--output", str(out), "--debug"])
-    row = {"config": config, "precision": "32-true", "data": source, "status": "ok", "wall_s": time.perf_counter() - start,
-           "overrides": f"probe --device {device} --data.init_args.train_fraction 0.05"}
-    if CUDA:
-        row["peak_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
-        row["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
-    configs_table.add(row)
-    result = json.loads(out.read_text())
-    assert result["n_train"] > 0 and result["n_test"] > 0
-    assert 0.0 <= result["top1"] <= 1.0, result
