@@ -25,6 +25,7 @@ stderr (:func:`packaged_config_fallback`).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from collections.abc import Callable
@@ -56,6 +57,27 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 #: the sub-commands beside LightningCLI's (``probe``, ``export-prototypes``, ``configs``): the registry of
 #: :mod:`cloc_lightning.commands` (this name is kept for older code that registers commands here)
 EXTRA_COMMANDS: dict[str, Callable[[list[str] | None], Any]] = COMMANDS
+
+
+#: model arguments that say how a run executes, not what the model is (speed options): a run resumed
+#: with ``--ckpt_path`` takes them from its command line / config, not from the checkpoint
+RUN_OPTIONS = ("compile_backbone", "channels_last", "optimizer_fused", "optimizer_foreach")
+
+
+def _run_options_target(model: Any) -> Any:
+    """The namespace holding the model's arguments (``init_args`` of a ``class_path`` config, else the model's own)."""
+    if model is None or not hasattr(model, "get"):
+        return None
+    init_args = model.get("init_args")
+    return init_args if init_args is not None and hasattr(init_args, "get") else model
+
+
+def _run_options(model: Any) -> dict[str, Any]:
+    """The :data:`RUN_OPTIONS` values of a parsed model config (those it holds)."""
+    args = _run_options_target(model)
+    if args is None:
+        return {}
+    return {key: copy.deepcopy(args.get(key)) for key in RUN_OPTIONS if key in args}
 
 
 class CLOCLightningCLI(LightningCLI):
@@ -94,13 +116,20 @@ class CLOCLightningCLI(LightningCLI):
 
         Lightning's CLI replaces the configured model by the one recorded in the checkpoint,
         so a checkpoint of another method would silently be tested/resumed instead of the
-        configured one.
+        configured one.  The speed options (:data:`RUN_OPTIONS`) stay the configured ones: a
+        compiled run resumes plain and a plain run compiled, as the command line says.
         """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
         if ckpt_path and os.path.isfile(ckpt_path):
             check_config_against_checkpoint(self.config[sub].get("model"), ckpt_path)
+        kept = _run_options(self.config[sub].get("model")) if sub else {}
         super()._parse_ckpt_path()
+        if kept:  # how this run executes is the command line's / config's, not the checkpoint's
+            args = _run_options_target(self.config[sub].get("model"))
+            if args is not None:
+                for key, value in kept.items():
+                    args[key] = value
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         cfg = self.config[self.subcommand] if self.subcommand else self.config

@@ -209,6 +209,33 @@ def test_a_plain_run_resumes_and_initialises_compiled(plain_ckpt: Path, tmp_path
     _assert_close(dict(init.state_dict()), saved, atol=0.0)
 
 
+def test_cli_resume_takes_the_speed_options_of_the_command_line_not_the_checkpoints(
+    compiled_ckpt: Path, plain_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fit --ckpt_path``: LightningCLI adopts a checkpoint's hyper-parameters, but not how the run executes."""
+    from cloc_lightning.cli import CLOCLightningCLI
+    from cloc_lightning.data import BaseDataModule
+    from cloc_lightning.methods.base import BaseModule
+
+    monkeypatch.chdir(tmp_path)
+    common = [
+        "fit", "--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE,
+        "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "32", "--data.val_size", "16",
+        "--data.test_size", "16", "--data.batch_size", "8", "--data.num_workers", "0", "--data.drop_last", "true",
+        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "0",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.logger", "false",
+    ]
+    for ckpt, options, compiled in ((plain_ckpt, ["--model.compile_backbone", "{backend: eager}", "--model.channels_last", "true"], True),
+                                    (compiled_ckpt, [], False)):
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)  # as the CLI writes it: with its class path
+        saved["hyper_parameters"]["_class_path"] = "cloc_lightning.methods.CEModule"
+        torch.save(saved, tmp_path / "cli.ckpt")
+        cli = CLOCLightningCLI(BaseModule, BaseDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                               save_config_kwargs={"overwrite": True}, args=[*common, *options, "--ckpt_path", str(tmp_path / "cli.ckpt")])
+        assert cli.trainer.current_epoch == 2 and cli.model.hparams.num_classes == 4
+        assert _compiled(cli.model.backbone) == compiled and cli.model.hparams.channels_last == compiled
+
+
 def test_relic_compiles_both_encoders_and_its_checkpoint_probes_plain(tmp_path: Path) -> None:
     torch.manual_seed(0)
     relic = ReLICModule(backbone=TINY_BACKBONE, online_probe=False, knn_k=0, compile_backbone=EAGER)
