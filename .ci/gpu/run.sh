@@ -27,7 +27,9 @@
 # a fresh /tmp folder), CLOC_GPU_TEST_BUDGET (seconds after which the tier starts no more config runs,
 # default 300; it is killed 120 s later), CLOC_GPU_BENCH_BUDGET
 # (seconds for the benchmark, default 90), CLOC_GPU_BENCH_ARGS (e.g. --quick), CLOC_GPU_PYTEST_ARGS (extra pytest arguments, e.g. "-x" or
-# "-k supcon"), and the tier's own switches CLOC_GPU_STEPS / CLOC_GPU_PRECISIONS / CLOC_GPU_SYNC.
+# "-k supcon"), CLOC_GPU_WORKERS (pytest-xdist processes sharing the device, default 2 where pytest-xdist
+# is installed; 1: one process, step times of a run alone), and the tier's own switches CLOC_GPU_STEPS /
+# CLOC_GPU_PRECISIONS / CLOC_GPU_SYNC.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -97,10 +99,15 @@ fi
 
 # ---------------------------------------------------------------- 3. the GPU tier
 budget=${CLOC_GPU_TEST_BUDGET:-300}
-stamp "pytest -m gpu (no config run starts after $budget s; killed at $((budget + 120)) s)"
-# shellcheck disable=SC2086  # CLOC_GPU_PYTEST_ARGS is a list of words
+workers=${CLOC_GPU_WORKERS:-2}
+parallel=""
+if [ "$workers" -gt 1 ] && "$VPY" -c 'import xdist' 2>/dev/null; then
+  parallel="-n $workers"  # pytest-xdist: config runs side by side on the one device (peak memory stays per process)
+fi
+stamp "pytest -m gpu ${parallel:-(one process)} (no config run starts after $budget s; killed at $((budget + 120)) s)"
+# shellcheck disable=SC2086  # word lists
 CLOC_GPU_OUT=$OUT CLOC_GPU_BUDGET=$budget timeout -k 10 $((budget + 120)) \
-  "$VPY" -m pytest -m gpu -q -rfEs -p no:cacheprovider --durations=15 ${CLOC_GPU_PYTEST_ARGS:-} tests
+  "$VPY" -m pytest -m gpu $parallel -q -rfEs -p no:cacheprovider --durations=15 ${CLOC_GPU_PYTEST_ARGS:-} tests
 tier=$?
 [ $tier -eq 124 ] && echo "pytest -m gpu was killed at $((budget + 120)) s; the tables hold the rows measured so far"
 

@@ -21,10 +21,12 @@ Environment variables (all optional):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +60,18 @@ if SYNC_MODE not in ("warn", "error", "off"):
 # --------------------------------------------------------------------------------------------
 # the output folder and the tables
 # --------------------------------------------------------------------------------------------
+#: one id per pytest run, shared by pytest-xdist's workers (their rows go to the same tables)
+RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 _OUT: dict[str, Path] = {}
 
 
 @pytest.fixture(scope="session")
 def gpu_out() -> Path:
-    """``$CLOC_GPU_OUT`` or a fresh temporary folder (its path is printed at the end of the run)."""
+    """``$CLOC_GPU_OUT``, or a temporary folder for this run (its path is printed at the end of the run)."""
     if "path" not in _OUT:
         given = os.environ.get("CLOC_GPU_OUT")
-        path = Path(given) if given else Path(tempfile.mkdtemp(prefix="cloc-gpu-out-"))
+        path = Path(given) if given else Path(tempfile.gettempdir()) / f"cloc-gpu-out-{RUN_ID[:12]}"
         path.mkdir(parents=True, exist_ok=True)
         _OUT["path"] = path
     return _OUT["path"]
@@ -83,20 +88,32 @@ def environment() -> dict[str, Any]:
                    capability=".".join(map(str, torch.cuda.get_device_capability(0))))
     else:
         env["device"] = "cpu (CLOC_GPU_TRY_ON_CPU=1: a harness check, not a measurement)"
+    if WORKER:
+        env["pytest-xdist workers"] = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "?")
     return env
 
 
 class Table:
-    """Rows collected over the session, rewritten to ``<name>.json`` and ``<name>.md`` after every row
-    (a run cut short by a timeout still leaves the rows measured so far)."""
+    """Rows of this pytest run, rewritten to ``<name>.json`` and ``<name>.md`` after every row (a run cut short
+    still leaves the rows measured so far).  pytest-xdist's workers share the table: each row is appended,
+    under a file lock, to ``<tmp>/cloc-gpu-rows-<run id>/<name>.jsonl`` (outside the output folder), and
+    the tables are rebuilt from all rows, sorted by ``sort_key``."""
 
-    def __init__(self, out: Path, name: str, title: str, columns: list[tuple[str, str]], notes: list[str]) -> None:
-        self.out, self.name, self.title, self.columns, self.notes = out, name, title, columns, notes
-        self.rows: list[dict[str, Any]] = []
+    def __init__(self, out: Path, name: str, title: str, columns: list[tuple[str, str]], notes: list[str],
+                 sort_key: Any = None) -> None:
+        self.out, self.name, self.title, self.columns, self.notes, self.sort_key = out, name, title, columns, notes, sort_key
+        rows_dir = Path(tempfile.gettempdir()) / f"cloc-gpu-rows-{RUN_ID[:12]}"
+        rows_dir.mkdir(parents=True, exist_ok=True)
+        self.rows_path = rows_dir / f"{name}.jsonl"
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        self.write()
+        with open(self.rows_path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+            f.write(json.dumps(row, default=str) + "\n")
+            f.flush()
+            f.seek(0)
+            rows = [json.loads(line) for line in f if line.strip()]
+            self.write(sorted(rows, key=self.sort_key) if self.sort_key else rows)
 
     @staticmethod
     def _cell(value: Any) -> str:
@@ -106,21 +123,27 @@ class Table:
             return f"{value:.3g}" if abs(value) < 1e-2 and value != 0 else f"{value:.1f}" if abs(value) >= 100 else f"{value:.3f}".rstrip("0").rstrip(".")
         return str(value).replace("|", "\\|").replace("\n", " ")
 
-    def write(self) -> None:
+    def _replace(self, suffix: str, text: str) -> None:
+        tmp = self.out / f".{self.name}{suffix}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, self.out / f"{self.name}{suffix}")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
         env = environment()
-        (self.out / f"{self.name}.json").write_text(json.dumps({"environment": env, "rows": self.rows}, indent=2, default=str))
+        self._replace(".json", json.dumps({"environment": env, "rows": rows}, indent=2, default=str))
         lines = [f"# {self.title}", "", "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()), ""]
         lines += [f"- {n}" for n in self.notes] + [""]
         lines.append("| " + " | ".join(title for _, title in self.columns) + " |")
         lines.append("|" + "---|" * len(self.columns))
-        for row in self.rows:
+        for row in rows:
             lines.append("| " + " | ".join(self._cell(row.get(key)) for key, _ in self.columns) + " |")
-        (self.out / f"{self.name}.md").write_text("\n".join(lines) + "\n")
+        self._replace(".md", "\n".join(lines) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if "path" in _OUT:
-        terminalreporter.write_line(f"GPU tier tables: {_OUT['path']}")
+    path = _OUT.get("path") or os.environ.get("CLOC_GPU_OUT")
+    if path and Path(path).is_dir() and any(Path(path).glob("gpu_*.md")):
+        terminalreporter.write_line(f"GPU tier tables: {path}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +203,7 @@ def stage_one_folders() -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def configs_table(gpu_out: Path) -> Table:
     """``gpu_configs.{json,md}``: one row per shipped config × precision."""
+    order = {p: i for i, p in enumerate(["32-true", "16-mixed", "bf16-mixed"])}
     return Table(gpu_out, "gpu_configs", "Shipped configs on one device: memory, step time, host syncs", [
         ("config", "config"), ("precision", "precision"), ("status", "status"), ("data", "data"),
         ("batches", "batches"), ("checked_batches", "sync-checked batches"), ("n_syncs", "host syncs"),
@@ -196,8 +220,9 @@ def configs_table(gpu_out: Path) -> Table:
         "GradScaler.step (16-mixed) runs unchecked: torch reads its inf flag with .item().",
         "Peak memory: torch.cuda.max_memory_allocated / max_memory_reserved over the fit (reset at on_fit_start). "
         "ms/step: median interval between CUDA events recorded after consecutive training batches of one epoch "
-        "(data loading included), first 3 batches left out.",
-    ])
+        "(data loading included), first 3 batches left out; with pytest-xdist workers sharing the device (see "
+        "Environment) the step times are not those of a run alone (the throughput benchmark's are).",
+    ], sort_key=lambda r: (r.get("config", ""), order.get(r.get("precision"), 9)))
 
 
 @pytest.fixture(scope="session")
@@ -212,7 +237,7 @@ def losses_table(gpu_out: Path) -> Table:
         "reference (benchmarks/reference/) gets the same rounded values in float64 on the CPU.",
         "The loss must equal the reference to 2e-5 (relative; the losses compute in float32 inside autocast); gradients "
         "w.r.t. the inputs come back in the input dtype and must match to a few units of its rounding.",
-    ])
+    ], sort_key=lambda r: (r.get("loss", ""), r.get("dtype", "")))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
