@@ -115,11 +115,13 @@ tier=$?
 bench=0
 if [ -f benchmarks/bench_throughput.py ]; then
   stamp "python -m benchmarks --only throughput (budget ${CLOC_GPU_BENCH_BUDGET:-90} s)"
+  touch "$WORK/bench-start"
   # shellcheck disable=SC2086  # CLOC_GPU_BENCH_ARGS is a list of words (--quick for a dry run: writes no table)
   timeout -s INT -k 30 "${CLOC_GPU_BENCH_BUDGET:-90}" "$VPY" -m benchmarks --only throughput ${CLOC_GPU_BENCH_ARGS:-}
   bench=$?
   for f in benchmarks/results/throughput.md benchmarks/results/throughput.json; do
-    [ -f "$f" ] && cp "$f" "$OUT/"
+    # only a table this run wrote (not one committed or left from an earlier run)
+    if [ -f "$f" ] && [ "$f" -nt "$WORK/bench-start" ]; then cp "$f" "$OUT/"; else echo "no new $f"; fi
   done
 else
   stamp "benchmarks/bench_throughput.py not in this checkout: no throughput table"
