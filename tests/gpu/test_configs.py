@@ -141,7 +141,6 @@ def run_fit(config: str, precision: str, extra: list[str], tmp: Path, steps: int
     """``cloc-lightning fit --config <config> <common args> <extra>`` in this process; the probe's numbers + wall time."""
     from cloc_lightning.cli import main
 
-
     key = f"{config}[{precision}]-{uuid.uuid4().hex[:8]}"
     argv = ["fit", "--config", str(CONFIGS / config), *common_args(precision, tmp / "runs", steps), *extra,
             "--trainer.callbacks+=tests.gpu._probe.StepProbe", "--trainer.callbacks.init_args.key", key,
