@@ -17,7 +17,8 @@ https://github.com/xk-huang/OrdinalCLIP, ``ordinalclip/runner/runner.py``:
   (target first), its reduction is a sum over ranks and images divided by the number of
   present ranks (not by N or R).
 
-Total = ``ce_weight * CE + kl_weight * KL``. Computed in float32 whatever the input dtype.
+Total = ``ce_weight * CE + kl_weight * KL``. Computed in float32 (float64 for float64 logits) with
+autocast off, whatever the input dtype.
 The KL term is per process (the batch softmax runs over the local batch), as in the reference.
 """
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cloc_lightning.checks import require
-from cloc_lightning.losses.base import Loss, LossOutput
+from cloc_lightning.losses.base import Loss, LossOutput, compute_dtype
 from cloc_lightning.validation import check_float, check_tensor
 
 __all__ = ["ordinal_clip_loss", "OrdinalCLIPLoss"]
@@ -54,8 +55,8 @@ def ordinal_clip_loss(
             device sync); turn off to skip the check.
 
     Returns:
-        ``(total, {"ce": ce, "kl": kl})``: ``total`` a float32 scalar with gradient; the parts are
-        detached float32 scalars for logging.
+        ``(total, {"ce": ce, "kl": kl})``: ``total`` a float32 scalar with gradient (float64 for
+        float64 logits); the parts are detached scalars of the same dtype, for logging.
     """
     check_tensor("logits", logits, dim=2, floating=True, layout="[N, R]", hint="images x ranks")
     n, num_ranks = logits.shape
@@ -78,17 +79,19 @@ def ordinal_clip_loss(
         )
         labels = labels.clamp(0, num_ranks - 1)  # a deferred bad label must not index out of bounds
 
-    x = logits.float()
-    ce = F.cross_entropy(x, labels)
+    dtype = compute_dtype(logits)  # float32 (float64 for float64 logits), autocast off
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        x = logits.to(dtype)
+        ce = F.cross_entropy(x, labels)
 
-    onehot = F.one_hot(labels, num_ranks).to(torch.float32)  # [N, R]
-    present = onehot.sum(dim=0) > 0  # [R]
-    log_q = torch.log_softmax(target_sharpness * onehot, dim=0)  # soft targets over the batch, per rank
-    log_p = torch.log_softmax(x, dim=0)  # model distribution over the batch, per rank
-    kl_per_rank = (log_q.exp() * (log_q - log_p)).sum(dim=0)  # [R]
-    kl = kl_per_rank.masked_fill(~present, 0.0).sum() / present.sum().to(torch.float32)
+        onehot = F.one_hot(labels, num_ranks).to(dtype)  # [N, R]
+        present = onehot.sum(dim=0) > 0  # [R]
+        log_q = torch.log_softmax(target_sharpness * onehot, dim=0)  # soft targets over the batch, per rank
+        log_p = torch.log_softmax(x, dim=0)  # model distribution over the batch, per rank
+        kl_per_rank = (log_q.exp() * (log_q - log_p)).sum(dim=0)  # [R]
+        kl = kl_per_rank.masked_fill(~present, 0.0).sum() / present.sum().to(dtype)
 
-    total = ce_weight * ce + kl_weight * kl
+        total = ce_weight * ce + kl_weight * kl
     return total, {"ce": ce.detach(), "kl": kl.detach()}
 
 

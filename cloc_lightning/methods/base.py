@@ -60,6 +60,7 @@ from cloc_lightning.checkpoints import (
 from cloc_lightning.checks import deferring, require
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
+from cloc_lightning.precision import check_precision
 from cloc_lightning.validation import check_choice, check_float
 
 __all__ = ["BaseModule", "ClassifierModule", "LRInterval", "OptimizerName", "SchedulerName", "Task", "lr_factor"]
@@ -737,7 +738,10 @@ class BaseModule(L.LightningModule):
             applied[name] = id(module)
 
     def setup(self, stage: str) -> None:
-        """Apply ``init_from`` once, unless a checkpoint is being resumed (``--ckpt_path``)."""
+        """Refuse a precision this module cannot train in (:func:`cloc_lightning.precision.check_precision`);
+        apply ``init_from`` once, unless a checkpoint is being resumed (``--ckpt_path``)."""
+        if stage == "fit":
+            check_precision(self)
         path = self.hparams.init_from
         resuming = self._trainer is not None and self.trainer.ckpt_path is not None
         if path and not resuming and self._initialised_from != path:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cloc_lightning.losses.base import upcast
 from cloc_lightning.methods.base import ClassifierModule
 
 __all__ = ["CEModule"]
@@ -45,7 +46,7 @@ class CEModule(ClassifierModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         logits = self(x)
-        loss: torch.Tensor = self.criterion(logits.float(), y)
+        loss: torch.Tensor = self.criterion(upcast(logits), y)  # float32 (float64 under 64-true)
         acc = (logits.argmax(dim=1) == y).float().mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=y.shape[0])
         self.log("train/acc", acc, batch_size=y.shape[0])

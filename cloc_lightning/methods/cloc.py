@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.methods.base import ClassifierModule
 from cloc_lightning.nn.heads import MLPHead
@@ -268,7 +269,7 @@ class CLOCModule(ClassifierModule):
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         features = self.backbone(x)
         logits = self.head(features)
-        ce = F.cross_entropy(logits.float(), y)
+        ce = F.cross_entropy(upcast(logits), y)  # float32 (float64 under 64-true)
         cloc = self.cloc_loss(self.cloc_embedding(features, logits), y)
         loss: torch.Tensor = ce + self.hparams.loss_weight * cloc
         n = y.shape[0]

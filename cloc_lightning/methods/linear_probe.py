@@ -185,10 +185,14 @@ class LinearProbeModule(ClassifierModule):
         return self
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Frozen features ``[B, feature_dim]`` (L2-normalised with ``normalize_features``)."""
+        """Frozen features ``[B, feature_dim]`` (L2-normalised with ``normalize_features``) in the head's dtype.
+
+        float32 under 32-true and the mixed precisions, float64 under ``64-true``, bf16/fp16
+        under the ``-true`` half precisions (the head's weights have the Trainer's dtype).
+        """
         with torch.no_grad():
             f = self.backbone(x)
-        f = f.float()
+        f = f.to(next((p.dtype for p in self.head.parameters() if p.is_floating_point()), torch.float32))
         return F.normalize(f, dim=1) if self.normalize_features else f
 
     def extract_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from cloc_lightning.callbacks.checks import is_logging_step
-from cloc_lightning.losses.base import Loss
+from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.base import OptimizerName, SchedulerName
 from cloc_lightning.methods.pretrain import PretrainModule
@@ -82,7 +82,7 @@ class ReLICModule(PretrainModule):
     per view, as the seed); the global views also through the target network (no
     gradients, train mode).  The loss of the online projections ``x`` against the target
     projections ``x'`` is :class:`~cloc_lightning.losses.sigmoid.SigmoidContrastiveLoss`
-    (owning the learnable logit scale ``tau`` and bias ``b``; computed in float32),
+    (owning the learnable logit scale ``tau`` and bias ``b``; computed in float32, float64 under ``64-true``),
     averaged over :meth:`view_pairs`.  After each optimiser step the target is updated
     (:meth:`optimizer_step`; :class:`~cloc_lightning.nn.ema.EMATarget`).
 
@@ -320,14 +320,14 @@ class ReLICModule(PretrainModule):
         return features, self.target_projector(features)
 
     def extract_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Evaluation features: the target encoder's ``[B, feature_dim]``, L2-normalised, float32."""
-        return F.normalize(self.target_encoder(x).float(), dim=1)
+        """Evaluation features: the target encoder's ``[B, feature_dim]``, L2-normalised, float32 (float64 under ``64-true``)."""
+        return F.normalize(upcast(self.target_encoder(x)), dim=1)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{'features': normalised target-encoder features, 'projection': normalised target projection}``."""
         features = self.target_encoder(x)
         projection = self.target_projector(features)
-        return {"features": F.normalize(features.float(), dim=1), "projection": F.normalize(projection.float(), dim=1)}
+        return {"features": F.normalize(upcast(features), dim=1), "projection": F.normalize(upcast(projection), dim=1)}
 
     # ---------------------------------------------------------------- target (EMA)
     def update_target(self, beta: float) -> None:
@@ -400,7 +400,7 @@ class ReLICModule(PretrainModule):
         """Mean ``(loss, invariance)`` over :meth:`view_pairs` of online ``[n, D]`` x ``num_views`` and target ``[n, D]`` x ``num_global_views``.
 
         The pair (``i``, ``j``) is ``criterion(x=online[j], x_prime=target[i])``; computed in
-        float32 with autocast disabled.
+        float32 (float64 when the projections are float64, as under ``64-true``) with autocast disabled.
         """
         if len(online) != self.num_views or len(target) != self.num_global_views:
             raise ValueError(
@@ -410,10 +410,11 @@ class ReLICModule(PretrainModule):
         pairs = self.view_pairs()
         device_type = online[0].device.type
         with torch.autocast(device_type=device_type, enabled=False):
-            total = online[0].new_zeros((), dtype=torch.float32)
-            invariance = online[0].new_zeros((), dtype=torch.float32)
+            dtype = compute_dtype(*online, *target)
+            total = online[0].new_zeros((), dtype=dtype)
+            invariance = online[0].new_zeros((), dtype=dtype)
             for i, j in pairs:
-                loss, terms = self.criterion.compute(online[j].float(), target[i].float().detach(), gamma=gamma, global_step=step)
+                loss, terms = self.criterion.compute(online[j].to(dtype), target[i].to(dtype).detach(), gamma=gamma, global_step=step)
                 total = total + loss
                 if "invariance" in terms:
                     invariance = invariance + terms["invariance"]
@@ -495,7 +496,7 @@ class ReLICModule(PretrainModule):
                 f, p = self.target_outputs(views[i])
                 target.append(p)
                 if i == 0:
-                    features = F.normalize(f.float(), dim=1)
+                    features = F.normalize(upcast(f), dim=1)
             online = [self.online_projection(v) for v in views]
             loss, invariance = self.multicrop_loss(online, target, gamma, step)
             probe_loss, probe_logs = self.online_eval.training_step(features, y)  # type: ignore[arg-type]
@@ -587,7 +588,7 @@ class ReLICModule(PretrainModule):
                 target[i].append(p)
                 if i == 0:
                     first_features.append(f)
-        features = F.normalize(torch.cat(first_features).float(), dim=1)
+        features = F.normalize(upcast(torch.cat(first_features)), dim=1)
         probe_loss, probe_logs = self.online_eval.training_step(features, y)
 
         if self.negatives == "full_batch":
@@ -629,7 +630,7 @@ class ReLICModule(PretrainModule):
                     outputs[j].append(self.online_projection(view[sl]))
         if online_buffers:  # pass 2 repeats the forward: keep BatchNorm running statistics updated once
             torch._foreach_copy_(online_buffers, saved_buffers)
-        leaves = [torch.cat(o).float().requires_grad_(True) for o in outputs]
+        leaves = [upcast(torch.cat(o)).requires_grad_(True) for o in outputs]
         full_target = [torch.cat(t) for t in target]
         crit_params = [p for p in self.criterion.parameters() if p.requires_grad]
         with torch.enable_grad():
@@ -642,7 +643,7 @@ class ReLICModule(PretrainModule):
             self._set_rng_state(rng_states[c], device)
             surrogate = torch.zeros((), device=device)
             for j, view in enumerate(views):
-                surrogate = surrogate + (self.online_projection(view[sl]).float() * out_grads[j][sl]).sum()
+                surrogate = surrogate + (self.online_projection(view[sl]).to(out_grads[j].dtype) * out_grads[j][sl]).sum()
             last = c == len(slices) - 1
             if last:
                 for p, gp in zip(crit_params, crit_grads, strict=True):

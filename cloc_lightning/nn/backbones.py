@@ -13,7 +13,7 @@ from torch import nn
 from cloc_lightning.nn.hub import load_pretrained
 from cloc_lightning.validation import check_choice
 
-__all__ = ["BackboneInit", "create_backbone", "apply_cifar_stem", "init_backbone"]
+__all__ = ["BackboneInit", "HalfSafeConv2d", "create_backbone", "apply_cifar_stem", "init_backbone", "use_half_safe_convs"]
 
 BackboneInit = Literal["timm", "kaiming"]
 
@@ -21,6 +21,64 @@ BackboneInit = Literal["timm", "kaiming"]
 def _suggest(name: str) -> str:
     close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
     return f" Did you mean one of {close}?" if close else " See timm.list_models() for the names."
+
+
+#: the half-precision dtypes whose CPU convolutions :class:`HalfSafeConv2d` guards
+_HALF = (torch.bfloat16, torch.float16)
+
+
+class HalfSafeConv2d(nn.Conv2d):
+    """``nn.Conv2d`` that computes in float32 where PyTorch's CPU half-precision convolution is wrong.
+
+    PyTorch's CPU (oneDNN) bf16/fp16 convolution returns wrong values -- sometimes NaN --
+    for a strided convolution whose output is one pixel wide, e.g. a 3x3 stride-2
+    convolution on a 1x1 or 2x2 feature map (measured with torch 2.14.1 on this project's
+    Xeon CPUs: of 40 calls with a ``[64, 48, 1, 1]`` input under bf16 autocast, 5 gave NaN
+    weight gradients and 24 finite but wrong ones; inputs ``[*, *, 3, 1]`` also get wrong
+    outputs).  Small crops through a deep network (16 px multi-crop views reach a ResNet's
+    last stages as 2x2 and 1x1 maps) then stop training at the first steps with NaN
+    gradients, or train on wrong ones.
+
+    Exactly there -- a CPU input of a half dtype or under CPU half autocast, and a spatial
+    dimension with kernel > 1, stride > 1 and an output of size 1 -- this layer runs the
+    convolution in float32 with autocast off and casts the result to the dtype the half
+    convolution would have returned.  Everywhere else (float32/float64, CUDA, larger maps)
+    it is ``nn.Conv2d`` itself, bit for bit.  The decision reads shapes and dtypes only (no
+    device values).  :func:`use_half_safe_convs` switches a model's convolutions to it.
+    """
+
+    def _one_wide(self, size: tuple[int, ...]) -> bool:
+        """Whether a spatial dimension has kernel > 1, stride > 1 and an output of size 1 for input ``size``."""
+        pad = (0, 0) if isinstance(self.padding, str) else self.padding  # 'same' needs stride 1; 'valid' is 0
+        return any(
+            k > 1 and s > 1 and (n + 2 * p - d * (k - 1) - 1) // s + 1 <= 1
+            for k, s, n, p, d in zip(self.kernel_size, self.stride, size, pad, self.dilation, strict=True)
+        )
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if input.device.type == "cpu" and input.dim() == 4:
+            autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in _HALF
+            if (autocast or input.dtype in _HALF) and self._one_wide(tuple(input.shape[-2:])):
+                out_dtype = torch.get_autocast_dtype("cpu") if autocast else input.dtype
+                with torch.autocast("cpu", enabled=False):
+                    out: torch.Tensor = super()._conv_forward(input.float(), weight.float(), None if bias is None else bias.float())
+                return out.to(out_dtype)
+        same: torch.Tensor = super()._conv_forward(input, weight, bias)
+        return same
+
+
+def use_half_safe_convs(model: nn.Module) -> int:
+    """Make every plain ``nn.Conv2d`` of ``model`` that has a kernel and a stride > 1 a :class:`HalfSafeConv2d`.
+
+    In place (the class is switched; weights, ``state_dict`` keys and float32 results do not
+    change); :func:`create_backbone` applies it.  Returns how many were switched.
+    """
+    switched = 0
+    for module in model.modules():
+        if type(module) is nn.Conv2d and any(k > 1 and s > 1 for k, s in zip(module.kernel_size, module.stride, strict=True)):
+            module.__class__ = HalfSafeConv2d
+            switched += 1
+    return switched
 
 
 def apply_cifar_stem(model: nn.Module, name: str = "model") -> nn.Module:
@@ -99,6 +157,10 @@ def create_backbone(
             :func:`init_backbone`).  ``kaiming`` with pretrained weights is refused.
         **kwargs: passed to ``timm.create_model`` (e.g. ``drop_path_rate``).
 
+    Strided convolutions become :class:`HalfSafeConv2d` (float32 where PyTorch's CPU
+    bf16/fp16 convolution is wrong: one-pixel-wide outputs, e.g. on the 2x2 and 1x1 maps of
+    small crops); nothing changes in float32 or on GPUs.
+
     Returns:
         ``(model, num_features)``: ``model(x)`` maps ``[B, in_chans, H, W]`` to ``[B, num_features]``.
     """
@@ -131,6 +193,7 @@ def create_backbone(
     if cifar_stem:
         apply_cifar_stem(model, name)
     init_backbone(model, init)
+    use_half_safe_convs(model)  # strided convolutions on maps narrower than the stride: float32 under CPU bf16/fp16
     num_features = int(model.num_features)
     return model, num_features
 

@@ -78,7 +78,8 @@ class OnlineLinearProbe(nn.Module):
             linear layer.
 
     Shapes:
-        ``features`` [B, in_dim] (any float dtype; computed in float32), ``y`` [B]
+        ``features`` [B, in_dim] (any float dtype; computed in the probe's dtype: float32, or
+        float64 under ``64-true``), ``y`` [B]
         integer labels, ``< 0`` = unlabelled (ignored).
 
     Example (inside a LightningModule)::
@@ -119,8 +120,12 @@ class OnlineLinearProbe(nn.Module):
         self.metrics = nn.ModuleDict({s: build_metrics(task, num_classes, f"{s}/{name}/") for s in ("val", "test")})
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, num_classes]`` of detached ``features`` ``[B, in_dim]``."""
-        x = features.detach().float()
+        """Logits ``[B, num_classes]`` of detached ``features`` ``[B, in_dim]``, in the dtype of the probe's weights.
+
+        float32 weights (32-true and the mixed precisions) take the features in float32, float64
+        weights (64-true) in float64, bf16/fp16 weights (the ``-true`` half precisions) in theirs.
+        """
+        x = features.detach().to(self.classifier.weight.dtype)
         if self.norm is not None:
             if self.norm.training and x.shape[0] < 2:  # one row has no batch variance: use the running statistics
                 x = F.batch_norm(x, self.norm.running_mean, self.norm.running_var, training=False, eps=self.norm.eps)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cloc_lightning.losses.base import compute_dtype, upcast
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.validation import check_choice
 
@@ -131,7 +132,7 @@ register_encoder_builder("timm_projected", build_timm_projected)
 
 
 class PrototypeHead(nn.Module):
-    """``logits = exp(logit_scale) * normalize(features) @ normalize(prototypes)ᵀ`` (float32).
+    """``logits = exp(logit_scale) * normalize(features) @ normalize(prototypes)ᵀ`` (float32; float64 under ``64-true``).
 
     Subclasses implement :meth:`compute_prototypes`.  In training mode, or whenever gradients
     are enabled, the prototypes are recomputed on every call (they depend on the learned
@@ -159,8 +160,8 @@ class PrototypeHead(nn.Module):
     def effective_logit_scale(self) -> Tensor:
         """The log-multiplier used in the logits (a learned one is clamped at log 100, as CLIP)."""
         if self.learn_logit_scale:
-            return self.logit_scale.float().clamp(max=MAX_LOGIT_SCALE)
-        return self.logit_scale.float()
+            return upcast(self.logit_scale).clamp(max=MAX_LOGIT_SCALE)
+        return upcast(self.logit_scale)
 
     def train(self, mode: bool = True) -> PrototypeHead:  # also drops the cache
         self._cache = None
@@ -177,21 +178,22 @@ class PrototypeHead(nn.Module):
         )
 
     def normalized_prototypes(self, device: torch.device | None = None) -> Tensor:
-        """``[R, D]`` float32 unit-norm prototypes (cached in eval mode without gradients)."""
+        """``[R, D]`` float32 (float64 under ``64-true``) unit-norm prototypes (cached in eval mode without gradients)."""
         use_cache = not self.training and not torch.is_grad_enabled()
         if not use_cache:
             self._cache = None
-            return F.normalize(self.compute_prototypes().float(), dim=-1)
+            return F.normalize(upcast(self.compute_prototypes()), dim=-1)
         key = self._cache_key(device or self.logit_scale.device)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, F.normalize(self.compute_prototypes().float(), dim=-1))
+            self._cache = (key, F.normalize(upcast(self.compute_prototypes()), dim=-1))
         return self._cache[1]
 
     def forward(self, features: Tensor) -> Tensor:
-        """``[B, D]`` image features → ``[B, R]`` float32 logits."""
+        """``[B, D]`` image features → ``[B, R]`` float32 logits (float64 when the features or prototypes are float64)."""
         prototypes = self.normalized_prototypes(features.device)
-        with torch.autocast(features.device.type, enabled=False):  # similarities in float32
-            feats = F.normalize(features.float(), dim=-1)
+        with torch.autocast(features.device.type, enabled=False):  # similarities in float32 (float64 under 64-true)
+            feats = F.normalize(features.to(compute_dtype(features, prototypes)), dim=-1)
+            prototypes = prototypes.to(feats.dtype)
             return self.effective_logit_scale().exp() * (feats @ prototypes.t())
 
 
