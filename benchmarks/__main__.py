@@ -41,6 +41,7 @@ ORDER: dict[str, str] = {
     "supcon": "SupCon loss (ours vs pytorch-metric-learning and SupContrast)",
     "sigmoid": "Sigmoid (ReLIC / SigLIP) loss (ours vs open_clip and the seed)",
     "lightning_overhead": "Lightning step overhead and EMA update",
+    "throughput": "Training-step throughput (ours vs plain PyTorch vs lightly) and data pipeline",
 }
 
 
