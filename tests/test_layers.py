@@ -15,7 +15,7 @@ LAYERS = {
     "checkpoints": 4, "resume": 4,
     "nn": 5,
     "losses": 6,
-    "validation": 7, "checks": 7, "metrics": 7, "distributed": 7, "plots": 7, "_logging": 7, "configs": 7, "precision": 7, "checks": 7,
+    "validation": 7, "checks": 7, "metrics": 7, "distributed": 7, "plots": 7, "_logging": 7, "configs": 7, "precision": 7,
 }
 
 

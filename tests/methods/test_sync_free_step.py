@@ -172,12 +172,15 @@ def test_a_nan_loss_still_stops_the_run(strict: bool, tmp_path: Path) -> None:
     """Default: the NaN is caught at the next read (within log_every_n_steps batches, before any checkpoint);
     ``strict_checks``: at the failing step, before the weights change."""
     model, _ = _make("CEModule", strict_checks=strict)
-    before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    poisoned = {"n": 0}
+    poisoned: dict[str, Any] = {"n": 0}
 
     def poison(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         poisoned["n"] += 1
-        return output * float("nan") if poisoned["n"] == 3 else output  # the third training batch
+        if poisoned["n"] != 3:
+            return output
+        # the third training batch: the weights after the two good steps, then a NaN loss
+        poisoned["before"] = {k: v.detach().clone() for k, v in model.named_parameters()}
+        return output * float("nan")
 
     model.head.register_forward_hook(poison)
     counter = SyncCounter()
@@ -190,7 +193,7 @@ def test_a_nan_loss_still_stops_the_run(strict: bool, tmp_path: Path) -> None:
         trainer.fit(model, datamodule=_shapes(train_size=80))
     if strict:
         assert len(counter.train_batches) == 3 and "stopped before the weights were updated" in str(info.value)
-        assert all(torch.equal(p.detach(), before[k]) for k, p in model.named_parameters())
+        assert all(torch.equal(p.detach(), poisoned["before"][k]) for k, p in model.named_parameters())
     else:
         # read after batch 5 (Lightning's first logging step), the failure dated to the third batch
         assert len(counter.train_batches) == LOG_EVERY and "first failed 2 batch(es)" in str(info.value)
