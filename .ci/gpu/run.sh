@@ -25,8 +25,8 @@
 #
 # Environment: PYTHON (default python3), CLOC_GPU_CACHE (default .ci/gpu/cache), CLOC_GPU_WORK (default
 # a fresh /tmp folder), CLOC_GPU_TEST_BUDGET (seconds after which the tier starts no more config runs,
-# default 300; it is killed 120 s later), CLOC_GPU_BENCH_BUDGET
-# (seconds for the benchmark, default 90), CLOC_GPU_BENCH_ARGS (e.g. --quick), CLOC_GPU_PYTEST_ARGS (extra pytest arguments, e.g. "-x" or
+# default 270; it is killed 120 s later), CLOC_GPU_BENCH_BUDGET
+# (seconds for the benchmark, default 150: the full CUDA plan of the throughput benchmark), CLOC_GPU_BENCH_ARGS (e.g. --quick), CLOC_GPU_PYTEST_ARGS (extra pytest arguments, e.g. "-x" or
 # "-k supcon"), CLOC_GPU_WORKERS (pytest-xdist processes sharing the device, default 2 where pytest-xdist
 # is installed; 1: one process, step times of a run alone), and the tier's own switches CLOC_GPU_STEPS /
 # CLOC_GPU_PRECISIONS / CLOC_GPU_SYNC.
@@ -98,7 +98,7 @@ else
 fi
 
 # ---------------------------------------------------------------- 3. the GPU tier
-budget=${CLOC_GPU_TEST_BUDGET:-300}
+budget=${CLOC_GPU_TEST_BUDGET:-270}
 workers=${CLOC_GPU_WORKERS:-2}
 parallel=""
 if [ "$workers" -gt 1 ] && "$VPY" -c 'import xdist' 2>/dev/null; then
@@ -114,10 +114,10 @@ tier=$?
 # ---------------------------------------------------------------- 4. the throughput benchmark
 bench=0
 if [ -f benchmarks/bench_throughput.py ]; then
-  stamp "python -m benchmarks --only throughput (budget ${CLOC_GPU_BENCH_BUDGET:-90} s)"
+  stamp "python -m benchmarks --only throughput (budget ${CLOC_GPU_BENCH_BUDGET:-150} s)"
   touch "$WORK/bench-start"
   # shellcheck disable=SC2086  # CLOC_GPU_BENCH_ARGS is a list of words (--quick for a dry run: writes no table)
-  timeout -s INT -k 30 "${CLOC_GPU_BENCH_BUDGET:-90}" "$VPY" -m benchmarks --only throughput ${CLOC_GPU_BENCH_ARGS:-}
+  timeout -s INT -k 30 "${CLOC_GPU_BENCH_BUDGET:-150}" "$VPY" -m benchmarks --only throughput ${CLOC_GPU_BENCH_ARGS:-}
   bench=$?
   for f in benchmarks/results/throughput.md benchmarks/results/throughput.json; do
     # only a table this run wrote (not one committed or left from an earlier run)
