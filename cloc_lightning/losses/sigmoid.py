@@ -333,15 +333,18 @@ class _SigmoidContrastive(torch.autograd.Function):
             if need[5]:
                 add(5, mat.sum() * w)
 
-        if g_loss is not None:
-            contribute(gl, g_loss, 0, 1, x, xp_cols)
-            if gm is not None:
-                contribute(gm, g_loss * ctx.alpha, 2, 3, xp_rows, x_cols)
-        if g_kl is not None:  # the returned KL itself is differentiated: recompute its gradient matrices
-            d, dm = _kl_gradients(x, xp_cols, xp_rows, x_cols, s, ctx.square)
-            contribute(d, g_kl, 0, 1, x, xp_cols)
-            if dm is not None:
-                contribute(dm, g_kl, 2, 3, xp_rows, x_cols)
+        # autocast off, as in forward: a backward called inside an autocast region would otherwise run these
+        # products in bf16/fp16
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if g_loss is not None:
+                contribute(gl, g_loss, 0, 1, x, xp_cols)
+                if gm is not None:
+                    contribute(gm, g_loss * ctx.alpha, 2, 3, xp_rows, x_cols)
+            if g_kl is not None:  # the returned KL itself is differentiated: recompute its gradient matrices
+                d, dm = _kl_gradients(x, xp_cols, xp_rows, x_cols, s, ctx.square)
+                contribute(d, g_kl, 0, 1, x, xp_cols)
+                if dm is not None:
+                    contribute(dm, g_kl, 2, 3, xp_rows, x_cols)
         return (*grads, None, None, None, None, None, None)
 
 
