@@ -22,6 +22,7 @@ from torch import nn
 
 from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
 from cloc_lightning.checks import require
+from cloc_lightning.losses.base import upcast
 from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.online_probe import masked_cross_entropy
@@ -210,7 +211,7 @@ class LinearProbeModule(ClassifierModule):
         require(y < self.num_classes, f"a training label is >= num_classes={self.num_classes}; set --model.num_classes to the "
                 "data module's number of classes", detail=lambda: f" (largest label {int(y.max())})")
         logits = self(x)
-        loss, acc = masked_cross_entropy(logits.float(), y, self.num_classes)
+        loss, acc = masked_cross_entropy(upcast(logits), y, self.num_classes)  # float32, or float64 under 64-true
         n = y.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         self.log("train/acc", acc, batch_size=n)

@@ -68,14 +68,9 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().clone() for k, v in model.named_parameters() if v.requires_grad}
 
 
-#: LinearProbeModule.training_step casts the logits to float32 (``masked_cross_entropy(logits.float(), ...)``):
-#: under 64-true it trains, but its loss is float32; ``upcast(logits)`` (cloc_lightning.losses.base) keeps float64
-_FLOAT32_LOSS = pytest.mark.xfail(strict=True, reason="LinearProbeModule.training_step casts the logits to float32")
-
-
 @pytest.mark.parametrize(
     "name, precision",
-    [pytest.param(n, p, marks=_FLOAT32_LOSS) if (n, p) == ("LinearProbeModule", "64-true") else (n, p) for n in NAMES for p in TRAINS],
+    [(n, p) for n in NAMES for p in TRAINS],
 )
 def test_module_trains_under_precision(name: str, precision: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
