@@ -17,12 +17,23 @@ All four are timed interleaved in one process (``harness.time_interleaved``), on
 torch thread and once with the default thread count; peak memory is measured per
 implementation in a fresh process (``harness.peak_memory_mb``).  Before timing, values and
 gradients of each pair are compared on the benchmarked input.
+
+Measure on an idle machine.  Interleaving does not make the ratios immune to other processes:
+our loss runs its element-wise chain in cache-sized row blocks, about 1,500 short ATen/MKL
+parallel regions per fwd+bwd at batch 2048 (``exp``/``log`` parallelise from 2,048 elements),
+and at 2 threads each region waits for an OpenMP worker that a competing process has
+descheduled (~3-6 ms each), while ``SigLipLoss`` runs ~20 whole-matrix ops.  Measured on
+2026-11-26 (torch 2.14.1, 2 cores): gamma = alpha = 1 vs SigLipLoss 1.05x / 1.18x (1 / 2
+threads) idle, but 8-17x at 2 threads and 1.1-1.6x at 1 thread with the cores shared.  Each
+section therefore records the 1-minute load average before and after it and is marked
+"machine busy" when it exceeded the section's own thread count by more than one core.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -127,12 +138,25 @@ def _agreement(n: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def _load() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def _busy(load: list[float | None], threads: int) -> bool:
+    """Whether other processes competed for the cores: a 1-min load average above this section's threads + 1."""
+    return any(v is not None and v > threads + 1.0 for v in load)
+
+
 def _time_section(n: int, repeats: int, quick: bool) -> dict[str, Any]:
     cases = {impl: make_case(impl, n) for impl in IMPLS}
+    before = _load()
     stats = time_interleaved(cases, repeats=repeats, warmup=2, max_seconds=60 if quick else 300)
+    load = [before, _load()]
     mem = {impl: peak_memory_mb("benchmarks.bench_sigmoid:make_case", {"impl": impl, "n": n}) for impl in IMPLS}
     ratios = {name: stats[num].median_ms / stats[den].median_ms for name, num, den, _, _ in GOALS}
-    return {"threads": torch.get_num_threads(), "stats": stats, "peak_memory_mb": mem, "ratios": ratios}
+    threads = torch.get_num_threads()
+    return {"threads": threads, "stats": stats, "peak_memory_mb": mem, "ratios": ratios, "load_average_1m": load,
+            "busy": _busy(load, threads)}
 
 
 def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
@@ -156,9 +180,16 @@ def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
         verdict = ("met" if ok else "NOT met") if n == BATCH else "smoke run (goals are for batch 2048)"
         goal_rows.append([name, f"{'>=' if higher else '<='} {goal:g}", f"{value:.2f}", verdict])
     goal_table = markdown_table(["goal (issue 7)", "target", "measured", ""], goal_rows)
+    before, after = sec["load_average_1m"]
+    busy = (
+        " **Machine busy: other processes competed for the cores, so these ratios are not the idle ones (see the "
+        "module docstring); re-run on an idle machine.**" if sec["busy"] else ""
+    )
     return (
         f"#### {sec['threads']} torch thread{'s' if sec['threads'] != 1 else ''} "
-        f"(median of {stats['ours_g0a0'].n} interleaved repeats)\n\n{table}\n\n{goal_table}\n"
+        f"(median of {stats['ours_g0a0'].n} interleaved repeats)\n\n"
+        f"1-min load average {before} before and {after} after the timing, on {os.cpu_count()} cores.{busy}\n\n"
+        f"{table}\n\n{goal_table}\n"
     )
 
 
@@ -188,6 +219,8 @@ def run(quick: bool = False, threads: list[int | None] | None = None) -> tuple[s
                     "time_ms": {k: vars(v) for k, v in sec["stats"].items()},
                     "peak_memory_mb": sec["peak_memory_mb"],
                     "ratios": sec["ratios"],
+                    "load_average_1m": sec["load_average_1m"],
+                    "busy": sec["busy"],
                 }
             )
             sections_md.append(_section_md(sec, n, quick))
