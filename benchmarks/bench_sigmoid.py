@@ -28,6 +28,11 @@ threads) idle, but 8-17x at 2 threads and 1.1-1.6x at 1 thread with the cores sh
 section therefore records how many cores *other* processes used during its timing (from
 ``/proc/stat`` minus this process' CPU time; elsewhere the 1-minute load average) and is marked
 "machine busy" when they used more than a quarter of a core on average.
+
+Page faults move ``SigLipLoss`` too: its ~50-80 MB of ``[2048, 2048]`` temporaries per call hit
+freshly mapped pages (12-20 thousand minor faults, +25-60 ms) or reuse the heap, depending on
+what the implementation timed before it freed; ours does not fault.  Interleaved with the seed's
+``scl_loss`` (as here) it does not fault, so these ratios are the fault-free ones (docs/benchmarks.md).
 """
 
 from __future__ import annotations
