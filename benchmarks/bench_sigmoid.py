@@ -24,7 +24,7 @@ parallel regions per fwd+bwd at batch 2048 (``exp``/``log`` parallelise from 2,0
 and at 2 threads each region waits for an OpenMP worker that a competing process has
 descheduled (~3-6 ms each), while ``SigLipLoss`` runs ~20 whole-matrix ops.  Measured on
 2026-11-26 (torch 2.14.1, 2 cores): gamma = alpha = 1 vs SigLipLoss 1.05x / 1.18x (1 / 2
-threads) idle, but 8-17x at 2 threads and 1.1-1.6x at 1 thread with the cores shared.  Each
+threads) idle against a faulting SigLipLoss (below), but 8-17x at 2 threads and 1.1-1.6x at 1 thread with the cores shared.  Each
 section therefore records how many cores *other* processes used during its timing (from
 ``/proc/stat`` minus this process' CPU time; elsewhere the 1-minute load average) and is marked
 "machine busy" when they used more than a quarter of a core on average.
