@@ -181,9 +181,9 @@ def _nonfinite_loss_message(owner: str) -> str:
 
 def _nonfinite_grad_message(owner: str) -> str:
     return (
-        f"{owner}: non-finite gradients (NaN/inf) although the loss was finite. On CPU, bf16 autocast convolutions on "
-        "1x1 feature maps (small images or crops through a deep network) are a known source (use --trainer.precision "
-        "32-true, or larger crops); otherwise lower the learning rate or clip gradients. --model.check_finite_loss false "
+        f"{owner}: non-finite gradients (NaN/inf) although the loss was finite. On CPU, half-precision strided "
+        "convolutions with one-pixel-wide outputs are a known PyTorch fault (our backbones guard them; wrap a custom "
+        "backbone with cloc_lightning.nn.backbones.use_half_safe_convs, or use --trainer.precision 32-true); otherwise lower the learning rate or clip gradients. --model.check_finite_loss false "
         "turns this check off; --model.strict_checks true names the tensors and stops before the optimiser step."
     )
 
