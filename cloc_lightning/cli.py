@@ -33,11 +33,13 @@ from typing import Any
 
 import yaml
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import cloc_lightning.data  # registers the data modules (also imported for BaseDataModule below)
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks import PredictionWriter
+from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
 from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.commands import COMMANDS
 from cloc_lightning.configs import packaged_config_for
@@ -401,6 +403,10 @@ def main(args: list[str] | None = None) -> None:
             save_config_kwargs={"overwrite": True},
             args=None if args is None else argv,
         )
+    except SIGTERMException as e:  # Lightning's SystemExit *without* a code (exit 0): a preempted command must not look finished
+        print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})",
+              file=sys.stderr, flush=True)
+        raise SystemExit(SIGTERM_EXIT_CODE) from e
     except Exception as e:  # re-raised unless it is the library's own message
         err = None if debug else library_error(e)
         if err is None:

@@ -47,3 +47,28 @@ class DyingWorkerDataset(Dataset):
         if i == self.index and get_worker_info() is not None:
             os._exit(7)
         return torch.zeros(3, 16, 16), i % 2
+
+
+class SignalAtStep(Callback):
+    """After training step ``step`` (``on_train_batch_end`` with ``global_step == step``), send ``signum``
+    (default SIGTERM) to this very process on global rank ``rank`` only: a scheduler's preemption at a known step."""
+
+    def __init__(self, step: int, signum: int = 15, rank: int = 0) -> None:
+        self.step = step
+        self.signum = signum
+        self.rank = rank
+        self.sent = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+
+class SignalInSanityCheck(Callback):
+    """Send SIGTERM to this process after the first batch of a fit's sanity-check validation."""
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if trainer.sanity_checking:
+            os.kill(os.getpid(), 15)

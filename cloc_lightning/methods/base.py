@@ -553,10 +553,13 @@ class BaseModule(L.LightningModule):
         discard checkpoints you configured (and print a misleading "will override" notice).
         :class:`~cloc_lightning.resume.ResumeState` makes resumed fits exact;
         :class:`~cloc_lightning.callbacks.checks.DeviceChecks` reads the step's value checks
-        every ``log_every_n_steps`` (``strict_checks``: every step).
+        every ``log_every_n_steps`` (``strict_checks``: every step);
+        :class:`~cloc_lightning.callbacks.preemption.PreemptionCheckpoint` turns a SIGTERM into a
+        mid-epoch ``last.ckpt`` and a non-zero exit.
         """
         from cloc_lightning.callbacks.checkpoint import BestCheckpoint, LatestCheckpoint
         from cloc_lightning.callbacks.checks import DeviceChecks
+        from cloc_lightning.callbacks.preemption import PreemptionCheckpoint
         from cloc_lightning.resume import ResumeState
 
         callbacks: list[Callback] = []
@@ -601,6 +604,8 @@ class BaseModule(L.LightningModule):
             callbacks.append(ResumeState())
         if not any(isinstance(cb, DeviceChecks) for cb in current):
             callbacks.append(DeviceChecks(strict=bool(self.hparams.get("strict_checks", False))))
+        if not any(isinstance(cb, PreemptionCheckpoint) for cb in current):
+            callbacks.append(PreemptionCheckpoint())
         return callbacks
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
