@@ -53,7 +53,7 @@ def test_sigterm_mid_epoch_saves_a_checkpoint_exits_non_zero_and_resumes_exactly
     assert raised is None and full_trainer.global_step == 2 * STEPS_PER_EPOCH
 
     before = signal.getsignal(signal.SIGTERM)
-    _, stopped, raised = _fit(tmp_path / "part", sigterm_at=6)  # after step 6: mid-epoch 1
+    _, _, raised = _fit(tmp_path / "part", sigterm_at=6)  # after step 6: mid-epoch 1
     assert isinstance(raised, Preempted), f"SIGTERM ended the fit with {raised!r}, not Preempted"
     assert raised.code == SIGTERM_EXIT_CODE == 143
     assert signal.getsignal(signal.SIGTERM) == before  # the handlers are restored
