@@ -108,7 +108,7 @@ class PreemptionCheckpoint(Callback):
 
             if not is_logging_step(trainer):  # ranks agree with one collective, on the steps that already sync
                 return
-        self._stop_if_preempted(trainer, f"epoch {trainer.current_epoch} after batch {batch_idx + 1}")
+        self._stop_if_preempted(trainer, f"epoch {trainer.current_epoch}, {batch_idx + 1} of its batches done")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_if_preempted(trainer, f"the end of epoch {trainer.current_epoch}")
