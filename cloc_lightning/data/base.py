@@ -26,6 +26,7 @@ import csv
 import hashlib
 import logging
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, ClassVar, Literal
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -44,6 +45,7 @@ from cloc_lightning.data.transforms import (
     IMAGENET_STD,
     Augment,
     ViewTransform,
+    check_crop_scale,
     eval_transform,
     train_transform,
 )
@@ -67,6 +69,9 @@ __all__ = [
     "check_val_fraction",
     "BadFiles",
     "Task",
+    "integer_label",
+    "class_order",
+    "to_rgb",
     # exact resume, defined in cloc_lightning.resume (re-exported: the data modules build their loaders from them)
     "EpochShuffleSampler",
     "ResumableDataLoader",
@@ -121,6 +126,93 @@ def hash_split(keys: Sequence[str], fractions: Sequence[float], salt: str = "") 
     edges = np.cumsum(f / f.sum())
     last = len(f) - 1
     return [min(int(np.searchsorted(edges, hash_fraction(k, salt), side="right")), last) for k in keys]
+
+
+_INTEGER = re.compile(r"^[+-]?\d+(\.0*)?$")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_DIGITS = re.compile(r"(\d+)")
+
+
+def integer_label(value: str) -> int | None:
+    """The integer a label names (``'3'``, ``'-1'``, ``'3.0'``), or ``None`` when it names no integer."""
+    text = value.strip()
+    return int(float(text)) if _INTEGER.match(text) else None
+
+
+def is_number(value: str) -> bool:
+    """Whether a label is written as a (finite) number: ``'2'``, ``'2.5'``, ``'.5'``, ``'1e3'``."""
+    return bool(_NUMBER.match(value.strip()))
+
+
+def _natural_key(name: str) -> tuple[tuple[int, ...], str]:
+    """``'15-24'`` -> ``((15, 24), '-')``: the numbers in a name, compared as numbers, then the rest."""
+    parts = _DIGITS.split(name)
+    return tuple(int(p) for p in parts[1::2]), "".join(parts[0::2])
+
+
+def _shown(names: Sequence[str], limit: int = 12) -> str:
+    """``[a, b, c]`` (YAML flow style, as typed on the command line), shortened after ``limit`` names."""
+    head = ", ".join(names[:limit])
+    return f"[{head}{', ...' if len(names) > limit else ''}]"
+
+
+def class_order(labels: Sequence[str], task: Task, *, noun: str, where: str, key: str) -> list[str]:
+    """The class order of distinct labels that came without one (CSV labels, class folder names).
+
+    * ``nominal``: sorted (the order of nominal classes carries no meaning), as always;
+    * ``ordinal``, every label a number: by value (``2 < 10``, ``0.5 < 1.5``);
+    * ``ordinal``, every label starting with a number: naturally, the numbers in the names
+      compared as numbers (``0-3 < 4-7 < 15-24 < 60+``);
+    * ``ordinal`` otherwise (or two names with the same numbers): a :class:`DataConfigError`
+      naming the labels and ``key`` (the argument that gives the rank order) -- for ordinal
+      data the order is the label, so it is never guessed from the spelling.
+
+    ``noun`` and ``where`` name the labels in the message (``"string labels"``, ``"in the
+    'label' column of 'x.csv'"``).
+    """
+    found = sorted(labels)
+    if task != "ordinal":
+        return found
+    if all(is_number(v) for v in found):
+        return sorted(found, key=lambda v: (float(v), v))
+    unnumbered = [v for v in found if not v[:1].isdigit()]
+    if not unnumbered:
+        ordered = sorted(found, key=_natural_key)
+        numbers = [_natural_key(v)[0] for v in ordered]
+        if len(set(numbers)) == len(numbers):
+            return ordered
+        reason = "some differ only in their words, so their numbers do not rank them"
+    elif len(unnumbered) < len(found):
+        reason = f"{unnumbered[:5]}{' ...' if len(unnumbered) > 5 else ''} do not start with a number to rank them by"
+    else:
+        reason = "none starts with a number to rank them by"
+    raise DataConfigError(
+        f"task is ordinal but the {noun} {found[:12]}{' ...' if len(found) > 12 else ''} {where} have no order "
+        f"({reason}), and an alphabetical rank would be wrong; give data.{key} with these {len(found)} labels in rank "
+        f"order, lowest first, e.g. --data.{key} '{_shown(found)}' rearranged into rank order (or set data.task: "
+        "nominal if the classes have no order)"
+    )
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """``img`` as 8-bit RGB, converted by its real range.
+
+    PIL's own ``convert('RGB')`` clips 16- and 32-bit integer pixels to 255, so a 16-bit
+    grayscale PNG (mode ``I;16``) turns almost white.  Here 16-bit modes are divided by 257
+    (65535 -> 255); mode ``I`` (PNG's 16-bit grayscale in some Pillow versions, 32-bit TIFFs)
+    is 16-bit when the file is a PNG or its values fit in 16 bits, else scaled from its
+    32-bit range.  Every other mode goes through ``convert('RGB')``.
+    """
+    if img.mode.startswith("I;16"):
+        depth = 65535.0
+    elif img.mode == "I":
+        values = np.asarray(img)
+        depth = 65535.0 if img.format == "PNG" or int(values.max(initial=0)) <= 65535 else float(2**31 - 1)
+    else:
+        return img.convert("RGB")
+    scaled = np.asarray(img).astype(np.float64) * (255.0 / depth)
+    gray = np.clip(np.round(scaled), 0, 255).astype(np.uint8)
+    return Image.fromarray(gray).convert("RGB")
 
 
 class LabelledDataset(Dataset[Any]):
@@ -211,7 +303,7 @@ class ImageFileDataset(LabelledDataset):
 
     def load(self, index: int) -> Image.Image:
         with Image.open(self.files[index]) as img:
-            return img.convert("RGB")
+            return to_rgb(img)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         n = len(self.files)
@@ -337,13 +429,20 @@ DEFAULT_RRC_SCALE: tuple[float, float] = (0.5, 1.0)
 
 def _check_rrc_scale(value: Any) -> tuple[float, float]:
     """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a :class:`DataConfigError`."""
-    hint = "give two numbers [min, max] with 0 < min <= max <= 1, e.g. rrc_scale: [0.2, 1.0] (SupContrast)"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
-        raise DataConfigError(f"rrc_scale must be a pair [min, max] of image-area fractions, got {value!r}; {hint}")
     with config_errors():
-        lo = check_float("rrc_scale min", value[0], minimum=0.0, strict_minimum=True, maximum=1.0, hint=hint)
-        hi = check_float("rrc_scale max", value[1], minimum=lo, maximum=1.0, hint=hint)
-    return (lo, hi)
+        return check_crop_scale("rrc_scale", value)
+
+
+def _check_triple(name: str, value: Any, *, positive: bool) -> tuple[float, float, float] | None:
+    """``None``, or three finite numbers (``positive``: each > 0), else a ``ValueError``/``TypeError`` naming ``name``."""
+    if value is None:
+        return None
+    hint = f"give one number per RGB channel, e.g. {name}: [0.5, 0.5, 0.5], or null for the data module's own"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 3:
+        raise ValueError(f"{name} must be three numbers (R, G, B), got {value!r}; {hint}")
+    lo = 0.0 if positive else None
+    a, b, c = (check_float(f"{name}[{i}]", v, minimum=lo, strict_minimum=positive, hint=hint) for i, v in enumerate(value))
+    return (a, b, c)
 
 
 def _auto_workers() -> int:
@@ -422,7 +521,15 @@ class BaseDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         with config_errors():
-            check_int("batch_size", batch_size, 1)
+            check_int("batch_size", batch_size, 1, hint="samples per training batch")
+            if eval_batch_size is not None:
+                check_int("eval_batch_size", eval_batch_size, 1, hint="or null: the training batch_size")
+            if num_workers is not None:
+                check_int("num_workers", num_workers, 0,
+                          hint="loader worker processes; 0 loads in the main process, null picks min(8, cpus - 1)")
+            check_int("image_size", image_size, 1, hint="the side in pixels of the square images the model sees, e.g. 32")
+            mean = _check_triple("mean", mean, positive=False)
+            std = _check_triple("std", std, positive=True)
             if few_shot is not None:
                 check_int("few_shot", few_shot, 1, hint="images per class, or null: all")
             check_float("train_fraction", train_fraction, minimum=0.0, strict_minimum=True, maximum=1.0)
@@ -560,13 +667,14 @@ class BaseDataModule(L.LightningDataModule):
         """The ``label`` column of a predict CSV as class indices: integers in ``[0, num_classes)`` or class names."""
         n, names = self.num_classes, list(self.class_names)
         values = [r["label"] for _, r in rows]
-        numeric = all(v.lstrip("-").isdigit() for v in values if v)
+        numeric = all(integer_label(v) is not None for v in values if v)
         lookup = {name: c for c, name in enumerate(names)}
         labels: list[int] = []
         bad: list[str] = []
         for (line, r), v in zip(rows, values, strict=True):
-            if numeric and v and 0 <= int(v) < n:
-                labels.append(int(v))
+            index = integer_label(v) if numeric and v else None
+            if index is not None and 0 <= index < n:
+                labels.append(index)
             elif not numeric and v in lookup:
                 labels.append(lookup[v])
             else:
@@ -616,7 +724,16 @@ class BaseDataModule(L.LightningDataModule):
                         "Check the label column/bins or the class list."
                     )
             self._base = base
+            self._show_class_order()
         return self._base
+
+    def _show_class_order(self) -> None:
+        """Log the rank order of ordinal classes (once, when the sets are built), so the user can check it."""
+        if self.task != "ordinal":
+            return
+        names = [str(n) for n in self.class_names]
+        shown = names if len(names) <= 24 else [*names[:12], "...", *names[-4:]]
+        rank_zero_info(f"{type(self).__name__}: {len(names)} ordinal classes, rank 0 first: {shown}")
 
     def train_indices(self, targets: Sequence[int], keys: Sequence[str] | None = None) -> list[int]:
         """Indices of the training samples kept after few-shot / fraction / class-fraction subsampling.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,11 @@ from cloc_lightning.data.base import (
     ImageFileDataset,
     LabelledDataset,
     check_val_fraction,
+    class_order,
     config_errors,
     hash_split,
+    integer_label,
+    is_number,
 )
 from cloc_lightning.metrics import Task
 from cloc_lightning.validation import check_choice, check_int
@@ -54,8 +58,10 @@ class ImageFolderDataModule(BaseDataModule):
     Args:
         root: the folder.
         task: ``'nominal'`` (top-1/top-5 metrics) or ``'ordinal'`` (MAE, QWK, ...).
-        class_order: class folder names in label order; required order for ordinal
-            data (e.g. ``['young', 'adult', 'old']``). Default: sorted folder names.
+        class_order: class folder names in label order (e.g. ``['young', 'adult', 'old']``).
+            Default: sorted folder names for nominal data; for ordinal data folder names
+            that start with numbers rank by them (``0-3, 4-7, 8-14, 15-24``), and names
+            without numbers need ``class_order`` (an error says so; never an alphabetical rank).
         val_fraction: held-out share of ``train`` when there is no ``val`` folder.
         split_fractions: ``(train, val, test)`` for the single-pool layout.
         train_dir: name of the training split's folder under ``root``.
@@ -110,7 +116,7 @@ class ImageFolderDataModule(BaseDataModule):
         if not found:
             raise DataConfigError(f"no class folders in {str(base)!r}; expected <class>/*.jpg sub-folders")
         if self.class_order is None:
-            return found
+            return class_order(found, self.task, noun="class folders", where=f"in {str(base)!r}", key="class_order")
         missing = [c for c in self.class_order if c not in found]
         extra = [c for c in found if c not in self.class_order]
         if missing or extra:
@@ -151,10 +157,16 @@ class ImageFolderDataModule(BaseDataModule):
 class CSVDataModule(BaseDataModule):
     """Images listed in a CSV file with a path and a label column (and optionally a split column).
 
-    Labels may be integers ``0..C-1`` or strings; strings are mapped to classes by
-    ``class_names`` (required order for ordinal data) or sorted order.  With a
-    ``split_column`` its values ``train``/``val``/``test`` assign the splits,
+    Labels may be integers ``0..C-1`` (also written ``3.0``) or strings; strings are mapped
+    to classes by ``class_names``; without it nominal labels take sorted order, and ordinal
+    labels rank by value (numbers such as ``0.5, 1.5``) or by their leading numbers (``0-3,
+    4-7, 15-24``); other ordinal string labels need ``class_names`` (an error says so, never
+    an alphabetical rank), and a non-integer among integer labels is an error naming its
+    rows.  With a ``split_column`` its values ``train``/``val``/``test`` assign the splits,
     otherwise a hash of the path does (``split_fractions``).
+
+    Every row's image must exist at setup: missing ones are an error listing the count and
+    the first rows, or with ``bad_files: skip`` are left out of every split with a warning.
 
     The number of classes of integer labels is ``num_classes``, else the length of
     ``class_names``, else ``max label + 1``; in the last case every class ``0..max`` must
@@ -207,6 +219,7 @@ class CSVDataModule(BaseDataModule):
         self.split_fractions = tuple(split_fractions)
         self._rows: list[dict[str, str]] | None = None
         self._lines: list[int] = []
+        self._integer_labels = False
 
     def _read_rows(self) -> list[dict[str, str]]:
         if self._rows is not None:
@@ -240,6 +253,14 @@ class CSVDataModule(BaseDataModule):
         return shown + (f"; ... and {len(hits) - limit} more row(s)" if len(hits) > limit else "")
 
     def _label_map(self) -> dict[str, int]:
+        """Label -> class index, for every distinct (stripped) label of the label column.
+
+        Integer labels (``3``, also written ``3.0``) are class indices; other labels are names,
+        ordered by ``class_names``, else by :func:`~cloc_lightning.data.base.class_order`
+        (ordinal: by value or by their leading numbers, otherwise an error asking for
+        ``class_names``; nominal: sorted).  A non-integer number among integer labels (``2.5``
+        in ``0..11``) is an error naming its rows.
+        """
         label_col = self.columns[1]
         where = f"the {label_col!r} column of {self.csv_path!r}"
         values = sorted({(r[label_col] or "").strip() for r in self._read_rows()})
@@ -247,9 +268,28 @@ class CSVDataModule(BaseDataModule):
             raise DataConfigError(
                 f"{where} has empty labels: {self._label_rows(lambda v: not v)}; fill them in or remove those rows"
             )
-        if all(v.lstrip("-").isdigit() for v in values):
-            return self._integer_label_map(values, where)
-        names = self.given_class_names or values
+        ints = {v: integer_label(v) for v in values}
+        self._integer_labels = all(i is not None for i in ints.values())
+        if self._integer_labels:
+            return self._integer_label_map(values, {v: i for v, i in ints.items() if i is not None}, where)
+        fractional = [v for v in values if ints[v] is None and is_number(v)]
+        if fractional and not self.given_class_names and any(i is not None for i in ints.values()):
+            raise DataConfigError(
+                f"{where} holds integer class indices and {len(fractional)} non-integer label(s) "
+                f"{fractional[:5]}{' ...' if len(fractional) > 5 else ''}: {self._label_rows(lambda v: v in fractional)}. "
+                "Class indices are whole numbers 0..C-1: fix those rows, or give data.class_names with every label "
+                "in rank order to use the labels as class names"
+            )
+        if self.given_class_names:
+            names = list(self.given_class_names)
+        else:
+            if self.given_num_classes is not None and self.given_num_classes != len(values):
+                raise DataConfigError(
+                    f"num_classes={self.given_num_classes} but {where} has {len(values)} distinct string labels "
+                    f"{values[:10]}; give class_names with one name per class (classes without images included) or "
+                    "fix num_classes"
+                )
+            names = class_order(values, self.task, noun="string labels", where=f"in {where}", key="class_names")
         unknown = [v for v in values if v not in names]
         if unknown:
             raise DataConfigError(
@@ -263,40 +303,41 @@ class CSVDataModule(BaseDataModule):
             )
         return {name: i for i, name in enumerate(names)}
 
-    def _integer_label_map(self, values: list[str], where: str) -> dict[str, int]:
-        """Integer labels: checked against ``num_classes`` / ``class_names``, or free of classes without images."""
-        ints = sorted({int(v) for v in values})
+    def _integer_label_map(self, values: list[str], ints: dict[str, int], where: str) -> dict[str, int]:
+        """Integer labels (``ints``: label -> integer): checked against ``num_classes`` / ``class_names``, or free
+        of classes without images."""
+        numbers = sorted(set(ints.values()))
         given = self.given_num_classes or (len(self.given_class_names) if self.given_class_names else None)
         if given is not None:
-            bad = {v for v in values if not 0 <= int(v) < given}
+            bad = {v for v in values if not 0 <= ints[v] < given}
             if bad:
                 source = f"num_classes={given}" if self.given_num_classes else f"class_names has {given} names"
                 raise DataConfigError(
                     f"integer labels must lie in [0, {given}) ({source}); {where} has labels "
-                    f"{sorted({int(v) for v in bad})[:10]} in rows {self._label_rows(lambda v: v in bad)}. "
+                    f"{sorted({ints[v] for v in bad})[:10]} in rows {self._label_rows(lambda v: v in bad)}. "
                     "Fix those rows, or raise data.num_classes (and class_names) if the data has more classes"
                 )
             n = given
         else:
-            if ints[0] < 0:
-                negative = {v for v in values if int(v) < 0}
+            if numbers[0] < 0:
+                negative = {v for v in values if ints[v] < 0}
                 raise DataConfigError(
                     f"integer labels must be >= 0; {where} has negative labels in rows "
                     f"{self._label_rows(lambda v: v in negative)}. Fix those rows (labels are class indices 0..C-1)"
                 )
-            n = ints[-1] + 1
-            present = set(ints)
+            n = numbers[-1] + 1
+            present = set(numbers)
             empty = [c for c in range(n) if c not in present]
             if empty:
-                unexpected = {str(v) for v in ints if v > empty[0]}
+                unexpected = {v for v in values if ints[v] > empty[0]}
                 hint = " (labels start at 1: class indices are 0-based, subtract 1)" if empty == [0] else ""
                 raise DataConfigError(
                     f"the integer labels of {where} leave classes {empty[:10]}{' ...' if len(empty) > 10 else ''} "
-                    f"without images{hint}: labels {sorted(int(v) for v in unexpected)[:10]} come after the gap, in rows "
-                    f"{self._label_rows(lambda v: str(int(v)) in unexpected)}. "
+                    f"without images{hint}: labels {sorted({ints[v] for v in unexpected})[:10]} come after the gap, in rows "
+                    f"{self._label_rows(lambda v: v in unexpected)}. "
                     f"Fix those rows, or set data.num_classes to accept empty classes (e.g. data.num_classes: {n})"
                 )
-        return {str(i): i for i in range(n)} | {v: int(v) for v in values}
+        return {str(i): i for i in range(n)} | dict(ints)
 
     def discover_class_names(self) -> list[str]:
         if self.given_class_names:
@@ -304,8 +345,43 @@ class CSVDataModule(BaseDataModule):
             return list(self.given_class_names)
         mapping = self._label_map()
         n = self.given_num_classes or max(mapping.values()) + 1
+        if self._integer_labels:
+            return [str(i) for i in range(n)]
         inverse = {v: k for k, v in mapping.items()}
         return [inverse.get(i, str(i)) for i in range(n)]
+
+    def _existing(self, files: list[str], base: Path) -> list[int] | None:
+        """Check that every row's image exists (at setup, not when training reaches the row).
+
+        Returns ``None`` when all exist; with ``bad_files: skip`` the indices of the rows whose
+        image exists (the others are left out of every split, with one warning); otherwise, or
+        when no image exists at all, a :class:`DataConfigError` with the count and the first rows.
+        """
+        missing = [i for i, f in enumerate(files) if not os.path.isfile(f)]
+        if not missing:
+            return None
+        path_col = self.columns[0]
+        rows = self._read_rows()
+        shown = "; ".join(f"line {self._lines[i]}: {rows[i][path_col]!r}" for i in missing[:5])
+        shown += f"; ... and {len(missing) - 5} more" if len(missing) > 5 else ""
+        what = f"{len(missing)} of {len(files)} image(s) listed in {self.csv_path!r} do not exist"
+        where = f"(paths are relative to {str(base)!r}): {shown}"
+        if len(missing) == len(files):
+            raise DataConfigError(
+                f"{what} {where}; set data.root to the folder the paths are relative to (default: the CSV's folder)"
+            )
+        if self.bad_files != "skip":
+            raise DataConfigError(
+                f"{what} {where}; fix those paths, set data.root to the folder they are relative to, or set "
+                "data.bad_files: skip to leave the rows whose image does not exist out of every split (with a warning)"
+            )
+        warnings.warn(
+            f"bad_files: skip: left out {len(missing)} row(s) of {self.csv_path!r} whose image does not exist "
+            f"({len(files) - len(missing)} kept) {where}",
+            stacklevel=2,
+        )
+        drop = set(missing)
+        return [i for i in range(len(files)) if i not in drop]
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
@@ -315,6 +391,9 @@ class CSVDataModule(BaseDataModule):
         path_col, label_col, split_col = self.columns
         files = [str(base / r[path_col]) for r in rows]
         labels = [mapping[r[label_col].strip()] for r in rows]
+        kept = self._existing(files, base)
+        if kept is not None:
+            rows, files, labels = [rows[i] for i in kept], [files[i] for i in kept], [labels[i] for i in kept]
         if split_col is not None:
             names = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
             bad = sorted({r[split_col] for r in rows if r[split_col].strip().lower() not in names})

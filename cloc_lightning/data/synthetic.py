@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cloc_lightning.data.base import BaseDataModule, LabelledDataset, TensorImageDataset, config_errors
-from cloc_lightning.validation import check_int
+from cloc_lightning.validation import check_float, check_int
 
 __all__ = ["make_ordinal_shapes", "OrdinalShapesDataModule"]
 
@@ -120,6 +120,10 @@ class OrdinalShapesDataModule(BaseDataModule):
         super().__init__(**kwargs)
         with config_errors():
             self.n_classes = check_int("num_classes", num_classes, 2)
+            check_int("image_size", self.image_size, 16, hint="smaller shapes are not visible")
+            for name, size in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
+                check_int(name, size, 1, hint="images in the split")
+            check_float("noise", noise, minimum=0.0, hint="standard deviation on the 0..255 scale, e.g. 24")
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.noise = noise
         self.data_seed = data_seed

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torchvision.transforms import v2
 
-from cloc_lightning.validation import check_choice, check_int
+from cloc_lightning.validation import check_choice, check_float, check_int
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -83,6 +83,24 @@ def train_transform(
     return pipeline
 
 
+def check_crop_scale(name: str, value: Sequence[float]) -> tuple[float, float]:
+    """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a ``ValueError``/``TypeError``."""
+    hint = f"give two numbers [min, max] with 0 < min <= max <= 1, e.g. {name}: [0.2, 1.0]"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(f"{name} must be a pair [min, max] of image-area fractions, got {value!r}; {hint}")
+    lo = check_float(f"{name} min", value[0], minimum=0.0, strict_minimum=True, maximum=1.0, hint=hint)
+    hi = check_float(f"{name} max", value[1], minimum=lo, maximum=1.0, hint=hint)
+    return (lo, hi)
+
+
+def _check_probability(name: str, value: float) -> float:
+    return check_float(name, value, minimum=0.0, maximum=1.0, hint="a probability in [0, 1]")
+
+
+def _check_size(name: str, value: int | None) -> int | None:
+    return None if value is None else check_int(name, value, 1, hint="pixels, or null: the data module's image_size")
+
+
 class MultiViewTransform:
     """Apply several transforms to one image and return the list of views."""
 
@@ -132,11 +150,11 @@ class SupConViews(ViewTransform):
     ) -> None:
         check_int("n_views", n_views, 1)
         self._n_views = n_views
-        self.scale = tuple(scale)
+        self.scale = check_crop_scale("scale", scale)
         self.jitter = tuple(jitter)
-        self.jitter_p = jitter_p
-        self.grayscale_p = grayscale_p
-        self.size = size
+        self.jitter_p = _check_probability("jitter_p", jitter_p)
+        self.grayscale_p = _check_probability("grayscale_p", grayscale_p)
+        self.size = _check_size("size", size)
 
     @property
     def n_views(self) -> int:
@@ -228,16 +246,15 @@ class MultiCropViews(ViewTransform):
         check_choice("local_size_rounding", local_size_rounding, LocalSizeRounding, hint="'floor' is the seed's int()")
         self.num_global_views = num_global_views
         self.num_local_views = num_local_views
-        self.global_size = global_size
-        self.local_size = local_size
-        (g_lo, g_hi), (l_lo, l_hi) = global_scale, local_scale  # (min, max) area fractions
-        self.global_scale = (g_lo, g_hi)
-        self.local_scale = (l_lo, l_hi)
+        self.global_size = _check_size("global_size", global_size)
+        self.local_size = _check_size("local_size", local_size)
+        self.global_scale = check_crop_scale("global_scale", global_scale)  # (min, max) area fractions
+        self.local_scale = check_crop_scale("local_scale", local_scale)
         self.jitter = tuple(jitter)
-        self.jitter_p = jitter_p
-        self.grayscale_p = grayscale_p
-        self.blur_p = blur_p
-        self.solarize_p = solarize_p
+        self.jitter_p = _check_probability("jitter_p", jitter_p)
+        self.grayscale_p = _check_probability("grayscale_p", grayscale_p)
+        self.blur_p = _check_probability("blur_p", blur_p)
+        self.solarize_p = _check_probability("solarize_p", solarize_p)
         self.blur_kernel_size = blur_kernel_size
         self.solarize_threshold = solarize_threshold
         self.blur_kernel_from = blur_kernel_from

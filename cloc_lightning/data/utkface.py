@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -73,7 +74,8 @@ class UTKFaceDataModule(BaseDataModule):
     Args:
         root: folder of UTKFace images (searched recursively).
         label_mode: ``'bins'`` maps ages to groups by ``age_bins``; ``'age'`` uses
-            raw ages clipped to ``[min_age, max_age]`` as ranks ``age - min_age``.
+            raw ages clipped to ``[min_age, max_age]`` as ranks ``age - min_age`` (a
+            warning at setup counts the clipped ages of each split).
         age_bins: sorted lower edges of the age groups, starting at 0; default
             :data:`DEFAULT_AGE_BINS` (8 groups).
         min_age: lowest age (rank 0) for ``label_mode='age'``.
@@ -136,6 +138,11 @@ class UTKFaceDataModule(BaseDataModule):
         return [*(f"{a}-{b - 1}" for a, b in itertools.pairwise(edges)), f"{edges[-1]}+"]
 
     def _read(self, root: str) -> tuple[list[str], list[int]]:
+        files, ages = self._read_ages(root)
+        return files, [self.age_to_label(a) for a in ages]
+
+    def _read_ages(self, root: str) -> tuple[list[str], list[int]]:
+        """The parseable image files under ``root`` and their ages."""
         files, labels, bad = [], [], []
         for f in _list_images(root):
             parsed = parse_utkface_name(f)
@@ -143,15 +150,13 @@ class UTKFaceDataModule(BaseDataModule):
                 bad.append(os.path.basename(f))
                 continue
             files.append(f)
-            labels.append(self.age_to_label(int(parsed["age"])))  # type: ignore[arg-type]
+            labels.append(int(parsed["age"]))  # type: ignore[arg-type]
         if bad and self.strict_names:
             raise DataConfigError(
                 f"{len(bad)} file(s) in {root!r} do not follow UTKFace naming <age>_<gender>_<race>_<datetime>.jpg, "
                 f"e.g. {bad[:5]}. Rename or remove them, or set data.strict_names: false to skip them."
             )
         if bad:
-            import warnings
-
             warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}", stacklevel=2)
         if not files:
             raise DataConfigError(f"no UTKFace images with parseable names in {root!r}")
@@ -159,19 +164,51 @@ class UTKFaceDataModule(BaseDataModule):
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
-        files, labels = self._read(self.root)
+        files, ages = self._read_ages(self.root)
         keys = [os.path.basename(f) for f in files]
+        split_ages: dict[str, tuple[list[str], list[int]]] = {}
         if self.test_root is None:
             split = hash_split(keys, self.split_fractions, self.split_salt)
-            test_files = [f for f, s in zip(files, split, strict=True) if s == 2]
-            test_labels = [y for y, s in zip(labels, split, strict=True) if s == 2]
+            names: tuple[str, ...] = ("train", "val", "test")
         else:
             split = hash_split(keys, self.split_fractions[:2], self.split_salt)
-            test_files, test_labels = self._read(self.test_root)
-        sets: dict[str, LabelledDataset] = {}
-        for i, name in enumerate(("train", "val")):
-            sets[name] = ImageFileDataset(
-                [f for f, s in zip(files, split, strict=True) if s == i], [y for y, s in zip(labels, split, strict=True) if s == i], self.bad_files
+            names = ("train", "val")
+            split_ages["test"] = self._read_ages(self.test_root)
+        for i, name in enumerate(names):
+            split_ages[name] = ([f for f, s in zip(files, split, strict=True) if s == i],
+                                [a for a, s in zip(ages, split, strict=True) if s == i])
+        self._warn_clipped(split_ages)
+        return {
+            name: ImageFileDataset(split_ages[name][0], [self.age_to_label(a) for a in split_ages[name][1]], self.bad_files)
+            for name in ("train", "val", "test")
+        }
+
+    def _warn_clipped(self, split_ages: dict[str, tuple[list[str], list[int]]]) -> None:
+        """One warning with the count and range, per split, of the ages ``label_mode: age`` clips into its end classes.
+
+        A warning, not an error: top-coding (every age above ``max_age`` in the last class) is
+        the documented meaning of ``max_age`` and common practice for UTKFace's few very old
+        faces (ages up to 116); the count lets the user see how many samples it moves.
+        Age bins never clip (their last group is open-ended).
+        """
+        if self.label_mode != "age":
+            return
+        parts = []
+        for name in ("train", "val", "test"):
+            ages = split_ages[name][1]
+            above = [a for a in ages if a > self.max_age]
+            below = [a for a in ages if a < self.min_age]
+            counts = []
+            for out, side, bound in ((above, "above", self.max_age), (below, "below", self.min_age)):
+                if out:
+                    lo, hi = min(out), max(out)
+                    counts.append(f"{len(out)} {side} {bound} ({f'age {lo}' if lo == hi else f'ages {lo}-{hi}'})")
+            if counts:
+                parts.append(f"{name}: {', '.join(counts)} of {len(ages)}")
+        if parts:
+            warnings.warn(
+                f"UTKFace label_mode 'age' clips ages outside [{self.min_age}, {self.max_age}] into the end classes "
+                f"('{self.min_age}' and '{self.max_age}'): {'; '.join(parts)}. Set data.min_age / data.max_age to "
+                "cover them, or use label_mode: bins (open-ended last group) if that is not intended",
+                stacklevel=2,
             )
-        sets["test"] = ImageFileDataset(test_files, test_labels, self.bad_files)
-        return sets
