@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import os
+import re
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn
 
 import yaml
-from lightning.pytorch.cli import LightningCLI
+from jsonargparse import DefaultHelpFormatter
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import cloc_lightning.data  # registers the data modules (also imported for BaseDataModule below)
@@ -47,7 +51,9 @@ from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
 
-__all__ = ["CLOCLightningCLI", "main", "EXTRA_COMMANDS", "find_last_checkpoint", "packaged_config_fallback"]
+__all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "CLOCHelpFormatter", "RunConfigSaver", "RunFolderInUseError",
+           "MissingWeightsError", "main", "EXTRA_COMMANDS", "find_last_checkpoint", "packaged_config_fallback",
+           "rst_to_text"]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -82,6 +88,370 @@ def _run_options(model: Any) -> dict[str, Any]:
     return {key: copy.deepcopy(args.get(key)) for key in RUN_OPTIONS if key in args}
 
 
+# ---------------------------------------------------------------------------------------------- errors
+class RunFolderInUseError(FileExistsError):
+    """A new run would write its records into a run folder that already holds another run's."""
+
+
+class MissingWeightsError(ValueError):
+    """``validate``/``test``/``predict`` without trained weights (no ``--ckpt_path``, no ``init_from``)."""
+
+
+class RunFolderError(NotADirectoryError):
+    """The logger's ``save_dir`` cannot hold a run folder (a file, or not writable)."""
+
+
+# ---------------------------------------------------------------------------------------------- help text
+_RST_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`~?([^`<]*?)\s*(?:<([^`>]*)>)?`")
+_RST_LITERAL = re.compile(r"``(.+?)``")
+
+
+def rst_to_text(text: str) -> str:
+    """Docstring reST as a terminal shows it: ``:class:`~a.b.C``` -> ``C``, ``:mod:`a.b``` -> ``a.b``,
+    ```` ``x`` ```` -> ``x``, ``:ref:`text <target>``` -> ``text``; anything else is left as written."""
+
+    def role(m: re.Match[str]) -> str:
+        shown = m.group(1).strip()
+        whole = m.group(0)
+        if "`~" in whole and not m.group(2):
+            shown = shown.rsplit(".", 1)[-1]
+        return shown or (m.group(2) or "").strip()
+
+    return _RST_LITERAL.sub(r"\1", _RST_ROLE.sub(role, text))
+
+
+class CLOCHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help formatter with the docstrings' reST markup (roles, double-backtick literals) as plain text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return rst_to_text(super()._get_help_string(action))
+
+    def add_text(self, text: str | None) -> None:
+        super().add_text(rst_to_text(text) if text else text)
+
+    def start_section(self, heading: str | None) -> None:
+        super().start_section(rst_to_text(heading) if heading else heading)
+
+
+def _summary(fn: Any) -> str:
+    """The first sentence of ``fn``'s docstring (its first paragraph, joined, up to the first ``. ``)."""
+    doc = (getattr(fn, "__doc__", None) or "").strip()
+    paragraph = " ".join(line.strip() for line in doc.split("\n\n", 1)[0].splitlines())
+    end = re.search(r"[.!?](\s|$)", paragraph)
+    return rst_to_text(paragraph[: end.start() + 1] if end else paragraph)
+
+
+# ---------------------------------------------------------------------------------------------- parser errors
+#: LightningCLI's optimiser/scheduler options, which cloc-lightning does not offer (the module configures both)
+_LIGHTNING_OPTIM_KEYS = ("optimizer", "lr_scheduler")
+
+
+def _optimizer_keys_message(given: str) -> str:
+    from typing import get_args
+
+    from cloc_lightning.methods.base import OptimizerName, SchedulerName
+
+    return (
+        f"{given}: cloc-lightning has no --optimizer/--lr_scheduler options (LightningCLI's would replace the module's "
+        f"optimiser, its parameter groups such as the CLOC margins' and its schedule); set them on the model: "
+        f"--model.optimizer {{{','.join(get_args(OptimizerName))}}} --model.lr --model.weight_decay --model.momentum, "
+        f"schedule --model.scheduler {{{','.join(get_args(SchedulerName))}}} --model.warmup_epochs --model.min_lr_ratio "
+        "--model.lr_milestones --model.lr_gamma --model.lr_interval"
+    )
+
+
+def _check_no_lightning_optimizer_keys(argv: list[str]) -> None:
+    """Refuse ``--optimizer ...``/``--lr_scheduler ...`` and top-level ``optimizer:``/``lr_scheduler:`` in ``--config`` files."""
+    for arg in argv:
+        key = arg.split("=", 1)[0]
+        if any(key == f"--{k}" or key.startswith(f"--{k}.") for k in _LIGHTNING_OPTIM_KEYS):
+            raise ValueError(_optimizer_keys_message(key))
+    for path in _config_paths(argv):
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # the parser reports unreadable files
+        if isinstance(data, dict):
+            for k in _LIGHTNING_OPTIM_KEYS:
+                if k in data:
+                    raise ValueError(_optimizer_keys_message(f"{path}: top-level '{k}:'"))
+
+
+def _config_paths(argv: list[str]) -> list[str]:
+    """The values of ``--config X`` / ``-c X`` / ``--config=X`` on the command line."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
+def _option_names(parser: Any) -> list[str]:
+    """Every ``--key`` of ``parser`` (and of its sub-command parsers)."""
+    names: list[str] = []
+    for action in getattr(parser, "_actions", []):
+        names.extend(o for o in action.option_strings if o.startswith("--"))
+        for sub in (getattr(action, "choices", None) or {}).values() if isinstance(getattr(action, "choices", None), dict) else ():
+            names.extend(_option_names(sub))
+    return names
+
+
+def _class_option_names(class_path: str, prefix: str) -> list[str]:
+    """``--<prefix>.<arg>`` for every init argument jsonargparse accepts for ``class_path``."""
+    import importlib
+
+    from jsonargparse import ArgumentParser
+
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(cls, prefix)
+    except Exception:  # only for a suggestion: never let it hide the error itself
+        return []
+    return [o for o in _option_names(parser) if not o.endswith(".help")]
+
+
+def _initials(name: str) -> str:
+    return "".join(part[:1] for part in name.split("_") if part)
+
+
+def _nearest(key: str, names: Iterable[str]) -> str:
+    """``; did you mean --a or --b?`` for the valid keys nearest to ``key`` (spelling, or ``learning_rate`` ~ ``lr``)."""
+    pool = sorted(set(names))
+    prefix, _, last = key.rpartition(".")
+    same_level = [n for n in pool if n.rpartition(".")[0] == prefix]
+    leaf = {n: n.rpartition(".")[2] for n in same_level}
+    abbreviated = [n for n in same_level if len(last) > 1 and last != leaf[n]
+                   and (_initials(last) == leaf[n] or _initials(leaf[n]) == last)]
+    close = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)
+    found = list(dict.fromkeys(abbreviated + close))[:3]
+    return f"; did you mean {' or '.join(found)}?" if found else ""
+
+
+def _yaml_error(paths: list[str]) -> str | None:
+    """``<file>:<line>:<column>: <problem>`` for the first ``--config`` file that is not valid YAML."""
+    for path in paths:
+        try:
+            with open(path) as f:
+                yaml.safe_load(f)
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+            return f"{where}: invalid YAML: {e.problem or e.context}" + (
+                f" ({e.context} at line {e.context_mark.line + 1})" if e.context and e.context_mark is not None else "")
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+    return None
+
+
+def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
+    """jsonargparse's (often nested, many-line) parse error as one line naming the key, the value and the fix."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    text = " ".join(lines)
+    m = re.search(r'Parser key "([^"]+)":.*?Problem with given class_path \'([^\']+)\':\s*(.*?)(?:- Expected a|Given value type|$)',
+                  text)
+    if m:
+        key, class_path, inner = m.group(1), m.group(2), m.group(3).strip()
+        cls_name = class_path.rsplit(".", 1)[-1]
+        bad = re.search(r"Option '([^']+)' is not accepted", inner)
+        if bad:
+            opt = f"--{key}.{bad.group(1)}"
+            return f"{opt}: {cls_name} has no such argument{_nearest(opt, _class_option_names(class_path, key))}"
+        sub = re.search(r'Parser key "([^"]+)":\s*(.*)', inner)
+        if sub:
+            return f"--{key}.{sub.group(1)}: {_plain_type_error(sub.group(2))} ({cls_name})"
+        return f"--{key} ({cls_name}): {inner}"
+    m = re.search(r"Unrecognized arguments: (.*)", text, flags=re.IGNORECASE)
+    if m:
+        first = m.group(1).split()[0]
+        key = first.split("=", 1)[0]
+        return f"unknown option {key}{_nearest(key, _option_names(parser))}"
+    m = re.search(r'Parser key "config": File does not exist: (.*)', text)
+    if m:
+        return f"--config: no such file: {m.group(1)} (`cloc-lightning configs list` names the shipped configs)"
+    if "Problems parsing config" in text and "<unicode string>" in text:
+        found = _yaml_error(_config_paths(argv))
+        if found:
+            return found
+    m = re.search(r"Key '([^']+)' is not expected", text)
+    if m:
+        key = "--" + m.group(1)
+        return f"{lines[0]}{_nearest(key, _option_names(parser))}"
+    m = re.search(r'Parser key "([^"]+)":\s*(.*)', text)
+    if m and "Does not validate against any of the Union subtypes" not in m.group(2):
+        return f"--{m.group(1)}: {_plain_type_error(m.group(2))}"
+    return lines[0] if lines else message
+
+
+def _plain_type_error(text: str) -> str:
+    m = re.match(r"Expected a <class '([^']+)'>\. Got value: (.*)", text.strip())
+    return f"expected {m.group(1)}, got {m.group(2)!r}" if m else text.strip()
+
+
+class CLOCArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser with plain-text help (:class:`CLOCHelpFormatter`) and short parse errors.
+
+    A parse error is printed as one ``error:`` line naming the key (and, for an unknown key,
+    the nearest valid ones) and exits with code 2, as argparse does; ``--debug`` (or
+    ``CLOC_LIGHTNING_DEBUG=1``) shows jsonargparse's usage and full message instead.
+    """
+
+    #: set by :func:`main` from ``--debug``: print jsonargparse's full message instead of the short one
+    full_errors = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", CLOCHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or self.full_errors or debug_requested(sys.argv):
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = str(getattr(parser, "prog", "cloc-lightning")).replace(" [options]", "")
+        short = short_parse_error(message, parser, list(getattr(self, "args", None) or sys.argv[1:]))
+        print(f"{prog}: error: {short}\n({prog} --help lists the options; --debug shows the parser's full message)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+# ---------------------------------------------------------------------------------------------- run records
+_RESUME_RECORD = re.compile(r"^config\.resume-(\d+)\.yaml$")
+
+
+class RunConfigSaver(SaveConfigCallback):
+    """Write the run's config once, into its own run folder, and never over another run's records.
+
+    * A fresh run writes ``config.yaml``; a run folder that already holds one is refused
+      (:class:`RunFolderInUseError`: pick another version, or resume with ``--ckpt_path last``).
+    * A resumed fit (``fit --ckpt_path``) leaves ``config.yaml`` alone and appends
+      ``config.resume-1.yaml``, ``config.resume-2.yaml``, ... (``config.yaml`` if the folder has none).
+    * ``validate``/``test``/``predict`` in a folder without a logger version (``--trainer.logger false``)
+      append ``config.<command>-N.yaml``.
+
+    Only global rank 0 looks at and writes files; the decision is broadcast.  ``overwrite`` is
+    accepted for LightningCLI's ``save_config_kwargs`` and ignored: records are never overwritten.
+    """
+
+    def __init__(self, parser: Any, config: Any, config_filename: str = "config.yaml", overwrite: bool = False,
+                 multifile: bool = False, save_to_log_dir: bool = True) -> None:
+        super().__init__(parser, config, config_filename, overwrite=False, multifile=multifile, save_to_log_dir=save_to_log_dir)
+        #: set by the CLI before a ``fit`` that continues a checkpoint
+        self.resuming = False
+        #: the file written (rank 0), for messages and tests
+        self.written: str | None = None
+
+    def record_name(self, log_dir: str, stage: str) -> str:
+        """The file this run writes in ``log_dir`` (raises :class:`RunFolderInUseError` for a fresh fit into another run's folder)."""
+        fs = get_filesystem(log_dir)
+        first = self.config_filename
+        if not fs.isfile(os.path.join(log_dir, first)):
+            return first
+        stem, ext = os.path.splitext(first)
+        kind = "resume" if self.resuming else (stage if stage != "fit" else "")
+        if not kind:
+            raise RunFolderInUseError(
+                f"run folder {log_dir} already holds the records of another run ({first}); a new run never writes into "
+                "it: pick another version (--trainer.logger.init_args.version <new>, or leave it unset for the next "
+                "free one), another --trainer.default_root_dir without a logger, or resume that run with --ckpt_path last"
+            )
+        n = 1
+        while fs.isfile(os.path.join(log_dir, f"{stem}.{kind}-{n}{ext}")):
+            n += 1
+        return f"{stem}.{kind}-{n}{ext}"
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.already_saved or not self.save_to_log_dir:
+            super().setup(trainer, pl_module, stage)
+            return
+        log_dir = trainer.log_dir  # a broadcast: every rank reads it
+        assert log_dir is not None
+        name, problem = None, None
+        if trainer.is_global_zero:
+            try:
+                name = self.record_name(log_dir, stage)
+            except RunFolderInUseError as e:
+                problem = str(e)
+        name, problem = trainer.strategy.broadcast((name, problem))
+        if problem is not None:
+            raise RunFolderInUseError(problem)
+        if trainer.is_global_zero:
+            get_filesystem(log_dir).makedirs(log_dir, exist_ok=True)
+            self.written = os.path.join(log_dir, name)
+            self.parser.save(self.config, self.written, skip_none=False, overwrite=False, multifile=self.multifile)
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def _versioned_loggers(trainer: Any) -> list[Any]:
+    """The loggers that keep a ``<root_dir>/<version>`` run folder (TensorBoard, CSV)."""
+    return [lg for lg in trainer.loggers if hasattr(lg, "_version") and hasattr(lg, "root_dir")]
+
+
+def _check_save_dir(folder: str) -> None:
+    """Raise :class:`RunFolderError` when ``folder`` (a logger's run folder to be) cannot be created or written."""
+    if "://" in folder:
+        return  # remote file systems: left to the logger
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise RunFolderError(f"logger save_dir: {existing} is a file, not a folder, so {folder} cannot be created; "
+                             "give --trainer.logger.init_args.save_dir a folder (e.g. runs)")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".cloc-write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise RunFolderError(f"logger save_dir: cannot write the run folder {folder} ({e.strerror or e}); give "
+                             "--trainer.logger.init_args.save_dir a folder you can write to") from None
+
+
+def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
+    """Before anything is written: the run folder can be written and, for a new run, holds no other run's records.
+
+    An automatically numbered folder that another run took meanwhile (two runs started at once)
+    moves this run to the next free number: the folder is created with ``mkdir``, which only one
+    process can do.  A pinned ``--trainer.logger.init_args.version`` whose folder holds files is
+    refused (:class:`RunFolderInUseError`).  Runs on global rank 0 only.
+    """
+    loggers = _versioned_loggers(trainer)
+    if not trainer.is_global_zero or not loggers:
+        return
+    logger = loggers[0]
+    for _ in range(1000):
+        log_dir = str(logger.log_dir)
+        _check_save_dir(os.path.dirname(log_dir))
+        if resuming:
+            _check_save_dir(log_dir)
+            return
+        try:
+            os.mkdir(log_dir)
+            return
+        except FileExistsError:
+            pass
+        if not os.path.isdir(log_dir):
+            raise RunFolderError(f"logger run folder {log_dir} is a file; remove it or pick another version")
+        held = sorted(os.listdir(log_dir))
+        if not held:
+            return  # an empty folder: nobody's records
+        if pinned:
+            shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+            raise RunFolderInUseError(
+                f"run folder {log_dir} already holds the records of another run ({shown}); a new run never writes into "
+                "it: pick another version (--trainer.logger.init_args.version <new>, or leave it unset for the next "
+                "free one) or resume that run with --ckpt_path last"
+            )
+        logger._version = None  # taken meanwhile by another run: the next free number
+    raise RunFolderInUseError(f"no free run folder next to {logger.log_dir}")
+
+
 class CLOCLightningCLI(LightningCLI):
     """LightningCLI with ``test_after_fit``, exact ``--ckpt_path last`` resume into the same run folder,
     checkpoint/config checks, a prediction writer for ``predict`` and the extra sub-commands in ``--help``."""
@@ -90,6 +460,11 @@ class CLOCLightningCLI(LightningCLI):
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
+        kwargs.setdefault("parser_class", CLOCArgumentParser)
+        kwargs.setdefault("save_config_callback", RunConfigSaver)
+        # the module configures its optimiser (param groups: the CLOC margins' own) and schedule: no
+        # --optimizer/--lr_scheduler of LightningCLI, which would replace both (see _check_no_lightning_optimizer_keys)
+        kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(*pos, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -102,6 +477,7 @@ class CLOCLightningCLI(LightningCLI):
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        _first_sentence_summaries(self.parser, self.subcommands())
         extra = "\n".join(f"  {name:<18} {_first_line(fn)}" for name, fn in EXTRA_COMMANDS.items())
         self.parser.epilog = (
             f"other commands (not LightningCLI sub-commands; each has its own --help):\n{extra}\n\n"
@@ -123,6 +499,7 @@ class CLOCLightningCLI(LightningCLI):
         """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        _check_ckpt_path_exists(ckpt_path)
         if ckpt_path and os.path.isfile(ckpt_path):
             check_config_against_checkpoint(self.config[sub].get("model"), ckpt_path)
         kept = _run_options(self.config[sub].get("model")) if sub else {}
@@ -142,6 +519,7 @@ class CLOCLightningCLI(LightningCLI):
         """``--ckpt_path last`` -> the run's newest ``last*.ckpt``; a resumed fit logs into the checkpoint's run folder."""
         cfg = self.config_init[self.subcommand]
         given = path = cfg.get("ckpt_path")
+        pinned = any(lg._version is not None for lg in _versioned_loggers(self.trainer)[:1])
         if path == "last":
             path = find_last_checkpoint(self.trainer)
             if path is None:
@@ -157,6 +535,30 @@ class CLOCLightningCLI(LightningCLI):
             folder = f"its run folder {version}" if version else "a new run folder (the checkpoint is not in this logger's folders)"
             _print0(self.trainer, f"--ckpt_path {given}: resuming from {path} ({info}); logging into {folder}")
         _pin_logger_version(self.trainer, None)  # fix the folder now: ddp_spawn workers and the main process agree
+        resuming = bool(self.subcommand == "fit" and path and os.path.isfile(path))
+        for cb in self.trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(cb, RunConfigSaver):
+                cb.resuming = resuming
+        _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
+        if self.subcommand != "fit":
+            self._require_weights(path)
+
+    def _require_weights(self, ckpt_path: str | None) -> None:
+        """``validate``/``test``/``predict`` need trained weights: a ``--ckpt_path`` or the model's ``init_from``.
+
+        Without either, the model is the randomly initialised one (a ``pretrained`` backbone
+        still has an untrained head), and its metrics or predictions would look like results.
+        """
+        hparams = getattr(self.model, "hparams", None) or {}
+        if ckpt_path or hparams.get("init_from"):
+            return
+        sub = self.subcommand
+        what = "predictions" if sub == "predict" else "metrics"
+        raise MissingWeightsError(
+            f"{sub} without trained weights: no --ckpt_path and no --model.init_from, so the model is the untrained, "
+            f"randomly initialised one and its {what} mean nothing; give --ckpt_path <run folder>/checkpoints/<file>.ckpt "
+            "(a checkpoint of this model) or --model.init_from <checkpoint or state_dict file>"
+        )
 
     def _before_subcommand(self) -> None:
         """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions."""
@@ -193,8 +595,34 @@ class CLOCLightningCLI(LightningCLI):
 
 
 def _first_line(fn: Any) -> str:
-    doc = (getattr(fn, "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else ""
+    """The ``--help`` summary of a command: the first sentence of its docstring."""
+    return _summary(fn)
+
+
+def _first_sentence_summaries(parser: Any, subcommands: dict[str, Any]) -> None:
+    """LightningCLI's sub-command summaries (the first *line* of the Trainer method's docstring) as whole first sentences."""
+    import lightning.pytorch as pl
+
+    action = getattr(parser, "_subcommands_action", None)
+    for choice in getattr(action, "_choices_actions", []):
+        name = getattr(choice, "dest", None) or getattr(choice, "metavar", None)
+        fn = getattr(pl.Trainer, str(name), None)
+        if name in subcommands and fn is not None:
+            choice.help = _summary(fn)
+
+
+def _check_ckpt_path_exists(ckpt_path: Any) -> None:
+    """A local ``--ckpt_path`` file that does not exist: one error line instead of Lightning's traceback."""
+    if not ckpt_path or not isinstance(ckpt_path, str) or "://" in ckpt_path:
+        return
+    if ckpt_path in ("last", "best", "hpc", "registry") or ckpt_path.startswith("registry:"):
+        return
+    if not os.path.exists(ckpt_path):
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file; give an existing .ckpt file (a run's checkpoints "
+                                "are in <run folder>/checkpoints/), or --ckpt_path last to continue this run's newest last.ckpt")
+    if os.path.isdir(ckpt_path):
+        raise IsADirectoryError(f"--ckpt_path {ckpt_path}: is a folder; give a .ckpt file in it "
+                                f"({', '.join(sorted(os.listdir(ckpt_path))[:4]) or 'it is empty'})")
 
 
 def _print0(trainer: Any, message: str) -> None:
@@ -314,7 +742,7 @@ def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
 
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
 _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, FloatingPointError,
-                RuntimeError, ImportError)
+                RuntimeError, ImportError, PermissionError)
 
 
 def library_error(exc: BaseException) -> BaseException | None:
@@ -392,6 +820,8 @@ def main(args: list[str] | None = None) -> None:
         if argv and argv[0] in EXTRA_COMMANDS:
             EXTRA_COMMANDS[argv[0]](argv[1:])
             return
+        _check_no_lightning_optimizer_keys(argv)
+        CLOCArgumentParser.full_errors = debug
         if args is None:  # console use: LightningCLI reads sys.argv (warns when given both)
             sys.argv = sys.argv[:1] + argv
         CLOCLightningCLI(
@@ -400,7 +830,6 @@ def main(args: list[str] | None = None) -> None:
             subclass_mode_model=True,
             subclass_mode_data=True,
             trainer_defaults=TRAINER_DEFAULTS,
-            save_config_kwargs={"overwrite": True},
             args=None if args is None else argv,
         )
     except SIGTERMException as e:  # Lightning's SystemExit *without* a code (exit 0): a preempted command must not look finished
