@@ -109,7 +109,8 @@ def checkpoint_mismatch(module_cls: type, module_hparams: Mapping[str, Any], che
 
     Classes match when one is the other or a subclass of it (by class path, so the
     checkpoint's class need not be importable); the architecture matches when
-    ``backbone``, ``cifar_stem`` and ``backbone_kwargs`` are equal.
+    ``backbone``, ``cifar_stem`` and ``backbone_kwargs`` are equal; ``num_classes`` (when both
+    sides have one) must be equal.
     """
     meta = _recorded(checkpoint)
     if meta is None:
@@ -129,7 +130,20 @@ def checkpoint_mismatch(module_cls: type, module_hparams: Mapping[str, Any], che
     if their_arch["backbone"] is not None and own_arch["backbone"] is not None and own_arch != their_arch:
         diff = ", ".join(f"{k}: checkpoint {their_arch[k]!r} vs configured {own_arch[k]!r}" for k in _ARCH_KEYS if own_arch[k] != their_arch[k])
         return f"the checkpoint's encoder differs from the configured one ({diff})"
+    # the class count: LightningCLI adopts the checkpoint's hyper-parameters, so a later
+    # "model.num_classes=8 but the data has 5" would name the checkpoint's value as the config's
+    theirs_n = (checkpoint.get("hyper_parameters") or {}).get("num_classes")
+    own_n = module_hparams.get("num_classes")
+    if _is_count(theirs_n) and _is_count(own_n) and theirs_n != own_n:
+        return (
+            f"the checkpoint was trained with num_classes={theirs_n}, but the configured model says "
+            f"num_classes={own_n} (the data module must have {theirs_n} classes to evaluate or resume it)"
+        )
     return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_checkpoint(module: Any, checkpoint: Mapping[str, Any], source: str = "the checkpoint") -> None:
@@ -208,6 +222,34 @@ def _import_class(path: str | None) -> type | None:
     return obj if isinstance(obj, type) else None
 
 
+def _text_file_kind(path: str, limit: int = 1 << 20) -> str | None:
+    """What a non-checkpoint file is, when it is text: a margins YAML, another YAML/JSON file or text (``None``: binary)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(limit + 1)
+    except OSError:
+        return None
+    if b"\0" in head[:4096]:
+        return None
+    try:
+        text = head[:limit].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(head) > limit:
+        return "a text file"
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return "a text file"
+    if isinstance(loaded, dict) and "learnable_map" in loaded:
+        return "a YAML file of CLOC margins (written by CLOCMarginFreeze: give it to --model.learnable_map)"
+    if isinstance(loaded, (dict, list)):
+        return "a YAML (or JSON) file"
+    return "a text file"
+
+
 def read_checkpoint(
     path: str,
     *,
@@ -232,7 +274,11 @@ def read_checkpoint(
                 raise
             ckpt = torch.load(full, map_location="cpu", weights_only=False)  # a legacy (non-zip) file cannot be memory-mapped
     except Exception as e:
-        raise ValueError(f"cannot read {str(path)!r} as a PyTorch checkpoint ({type(e).__name__}: {e})") from e
+        kind = _text_file_kind(full)
+        if kind is not None:
+            raise ValueError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is {kind}, not a checkpoint; {hint}") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot read {str(path)!r} as a PyTorch checkpoint ({type(e).__name__}: {first}); {hint}") from e
     if not isinstance(ckpt, dict):
         raise ValueError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict or state_dict")
     return ckpt

@@ -16,11 +16,18 @@ Ordinal metrics (classes are ranks ``0..C-1``):
 * ``acc_pm1``: accuracy within one rank, ``mean [|argmax - y| <= 1]``.
 
 Nominal metrics: ``acc`` (top-1) and ``acc_top5``.
+
+**Non-finite scores are failures.**  A row of ``scores`` holding NaN or inf (a diverged
+model) is no prediction: the arg-max of a NaN row is some class index and would be scored
+as a valid guess.  Every metric here counts such rows on the device (a ``nonfinite`` state,
+summed over DDP ranks like the others; no host read) and computes to NaN when the count is
+not zero, so a diverged model's MAE, accuracy or QWK is NaN, never a number that looks
+like a result, and a best-checkpoint callback never takes it for an improvement.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torchmetrics import Metric, MetricCollection
@@ -30,6 +37,8 @@ from cloc_lightning.validation import check_choice, check_tensor
 
 __all__ = [
     "Task",
+    "Accuracy",
+    "QuadraticKappa",
     "ArgmaxMAE",
     "ExpectedRankMAE",
     "OffByOneAccuracy",
@@ -44,18 +53,66 @@ Task = Literal["ordinal", "nominal"]
 _INPUTS = "update(scores [B, C], target [B])"
 
 
+def _nonfinite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Number of rows of ``scores`` ``[B, C]`` holding a NaN or inf, as a 0-d int64 tensor on the device."""
+    return (~torch.isfinite(scores.detach()).all(dim=1)).sum()
+
+
+def _nan_if_nonfinite(value: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
+    """``value``, or NaN where any scored row was NaN/inf (a device-side select: no host read)."""
+    return torch.where(nonfinite > 0, torch.full_like(value, float("nan")), value)
+
+
+class Accuracy(MulticlassAccuracy):
+    """``MulticlassAccuracy`` (top-k with ``top_k``) that is NaN when any scored row was NaN/inf."""
+
+    nonfinite: torch.Tensor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_state("nonfinite", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if preds.dim() == 2:
+            self.nonfinite += _nonfinite_rows(preds)
+        super().update(preds, target)
+
+    def compute(self) -> torch.Tensor:
+        return _nan_if_nonfinite(super().compute(), self.nonfinite)
+
+
+class QuadraticKappa(MulticlassCohenKappa):
+    """``MulticlassCohenKappa`` (give ``weights='quadratic'``) that is NaN when any scored row was NaN/inf."""
+
+    nonfinite: torch.Tensor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_state("nonfinite", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if preds.dim() == 2:
+            self.nonfinite += _nonfinite_rows(preds)
+        super().update(preds, target)
+
+    def compute(self) -> torch.Tensor:
+        return _nan_if_nonfinite(super().compute(), self.nonfinite)
+
+
 class _MeanMetric(Metric):
-    """Sum of per-sample values over the number of samples, synced over ranks."""
+    """Sum of per-sample values over the number of samples, synced over ranks; NaN if any row of scores was NaN/inf."""
 
     is_differentiable = False
     higher_is_better: bool | None = None
     full_state_update = False
     total: torch.Tensor
     count: torch.Tensor
+    nonfinite: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
         self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("nonfinite", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def _values(self, scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -69,9 +126,10 @@ class _MeanMetric(Metric):
         values = self._values(scores.detach(), target)
         self.total += values.double().sum()
         self.count += values.numel()
+        self.nonfinite += _nonfinite_rows(scores)
 
     def compute(self) -> torch.Tensor:
-        return (self.total / self.count.clamp_min(1)).float()
+        return _nan_if_nonfinite((self.total / self.count.clamp_min(1)).float(), self.nonfinite)
 
 
 class ArgmaxMAE(_MeanMetric):
@@ -119,8 +177,8 @@ def ordinal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
         {
             "mae": ArgmaxMAE(),
             "mae_expected": ExpectedRankMAE(),
-            "acc": MulticlassAccuracy(num_classes=num_classes, average="micro"),
-            "qwk": MulticlassCohenKappa(num_classes=num_classes, weights="quadratic"),
+            "acc": Accuracy(num_classes=num_classes, average="micro"),
+            "qwk": QuadraticKappa(num_classes=num_classes, weights="quadratic"),
             "acc_pm1": OffByOneAccuracy(1),
         },
         prefix=prefix,
@@ -130,9 +188,9 @@ def ordinal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
 
 def nominal_metrics(num_classes: int, prefix: str = "") -> MetricCollection:
     """Top-1 and (for >= 5 classes) top-5 accuracy."""
-    metrics: dict[str, Metric | MetricCollection] = {"acc": MulticlassAccuracy(num_classes=num_classes, average="micro")}
+    metrics: dict[str, Metric | MetricCollection] = {"acc": Accuracy(num_classes=num_classes, average="micro")}
     if num_classes >= 5:
-        metrics["acc_top5"] = MulticlassAccuracy(num_classes=num_classes, average="micro", top_k=5)
+        metrics["acc_top5"] = Accuracy(num_classes=num_classes, average="micro", top_k=5)
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 

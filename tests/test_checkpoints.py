@@ -98,3 +98,73 @@ def test_a_checkpoint_of_another_module_or_backbone_is_refused(tmp_path: Path) -
     legacy = {"hyper_parameters": {"backbone": "resnet50"}}
     assert "resnet50" in str(checkpoint_mismatch(CEModule, {"backbone": TINY_BACKBONE}, legacy))
     assert checkpoint_mismatch(CEModule, {"backbone": TINY_BACKBONE}, {"state_dict": {}}) is None
+
+
+def _cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
+    """``cloc-lightning <args>`` in process: (exit code, stdout, stderr)."""
+    from cloc_lightning.cli import main
+
+    code = 0
+    try:
+        main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _tiny_cli(tmp_path: Path, num_classes: int) -> list[str]:
+    return [
+        "--model", "CLOCModule", "--model.num_classes", str(num_classes), "--model.backbone", TINY_BACKBONE,
+        "--data", "OrdinalShapesDataModule", "--data.num_classes", str(num_classes), "--data.image_size", "16",
+        "--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8",
+        "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+    ]
+
+
+def test_init_from_a_margins_yaml_is_one_line_naming_the_file_kind(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """Issue 29 item 8: was a 50-line UnpicklingError traceback."""
+    import sys
+
+    import yaml
+
+    monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
+    margins = tmp_path / "cloc_margins.yaml"
+    margins.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]] * 3, "margin_mode": "mm"}))
+    code, out, err = _cli(["fit", *_tiny_cli(tmp_path, 4), "--model.init_from", str(margins)], capsys)
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.strip() and "Warning" not in line and not line.startswith(" ")]
+    assert lines[-2].startswith(f"cloc-lightning: error: cannot read '{margins}' as a PyTorch checkpoint: it is a YAML "
+                                "file of CLOC margins"), err[-2000:]
+    assert "init_from takes a .ckpt file" in lines[-2] and "--model.learnable_map" in lines[-2]
+    assert "Traceback" not in err and "Epoch" not in out
+    # the Python API says the same, and a text file that is no YAML mapping is named as what it is
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    with pytest.raises(ValueError, match=r"cannot read '.*notes.txt' as a PyTorch checkpoint: it is a text file"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE).load_weights(str(tmp_path / "notes.txt"))
+    with pytest.raises(FileNotFoundError, match=r"init_from checkpoint '.*missing.ckpt' does not exist; init_from takes"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE).load_weights(str(tmp_path / "missing.ckpt"))
+
+
+def test_a_checkpoint_of_another_class_count_names_which_side_said_what(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    """Issue 29 item 9: validate with an 8-class checkpoint under a 5-class config blamed 'model.num_classes=8'."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
+    eight = CLOCModule(num_classes=8, backbone=TINY_BACKBONE)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer.strategy.connect(eight)
+    trainer.save_checkpoint(str(tmp_path / "eight.ckpt"))
+    code, _out, err = _cli(["validate", *_tiny_cli(tmp_path, 5), "--ckpt_path", str(tmp_path / "eight.ckpt")], capsys)
+    assert code == 1
+    assert "the checkpoint was trained with num_classes=8, but the configured model says num_classes=5" in err, err[-2000:]
+    assert "model.num_classes=8 but" not in err
+    # the Python API: refused before any weight loads, both values named
+    with pytest.raises(CheckpointMismatchError, match="trained with num_classes=8, but the configured model says num_classes=5"):
+        L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path)).validate(
+            CLOCModule(num_classes=5, backbone=TINY_BACKBONE),
+            datamodule=OrdinalShapesDataModule(num_classes=5, val_size=8, batch_size=8, num_workers=0, image_size=16),
+            ckpt_path=str(tmp_path / "eight.ckpt"),
+        )

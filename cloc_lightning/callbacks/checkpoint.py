@@ -8,7 +8,11 @@ last *improving* epoch, and ``--ckpt_path last`` silently re-runs the epochs aft
 * :class:`BestCheckpoint` -- the monitored checkpoint every module adds by default: the best
   epoch, and ``last.ckpt`` rewritten at the end of every training epoch (after that epoch's
   validation), improved or not.  ``trainer.checkpoint_callback.last_model_path`` is the last
-  epoch, ``best_model_path`` the best.
+  epoch, ``best_model_path`` the best.  An epoch whose monitored value is NaN or inf (a
+  diverged model: its metrics are NaN, :mod:`cloc_lightning.metrics`) is never a best
+  checkpoint; Lightning's ``ModelCheckpoint`` would save a first NaN epoch as its best (it
+  ranks NaN as the worst value but keeps it while it has fewer than ``save_top_k``), so a run
+  that diverged in every epoch has no best checkpoint at all.
 * :class:`LatestCheckpoint` -- an unmonitored checkpoint that only overwrites ``last.ckpt``;
   added next to a ``ModelCheckpoint(monitor=..., save_last=True)`` that you configure (whose
   ``save_last`` is then switched off), or configure it yourself.
@@ -16,11 +20,36 @@ last *improving* epoch, and ``--ckpt_path last`` silently re-runs the epochs aft
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, TextIO
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
-__all__ = ["BestCheckpoint", "LatestCheckpoint"]
+__all__ = ["BestCheckpoint", "LatestCheckpoint", "print_line"]
+
+
+def print_line(trainer: Any, message: str, file: TextIO | None = None) -> None:
+    """Print ``message`` on a line of its own on global rank 0, also while a progress bar is drawn.
+
+    A plain ``print`` while Lightning's tqdm bar is on screen continues the bar's line
+    (``Epoch 4: 100%|…| 12/12 [...]CLOC margins (frozen) written to …``); ``tqdm.write``
+    clears the bars, prints the line and redraws them.  Other progress bars print through
+    their own ``print``.
+    """
+    if trainer is not None and not trainer.is_global_zero:
+        return
+    out = sys.stdout if file is None else file
+    bar = getattr(trainer, "progress_bar_callback", None) if trainer is not None else None
+    if bar is None or not bar.is_enabled:
+        print(message, file=out, flush=True)
+    elif isinstance(bar, TQDMProgressBar):
+        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+        Tqdm.write(message, file=out)
+        out.flush()
+    else:
+        bar.print(message)
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -33,6 +62,16 @@ class BestCheckpoint(ModelCheckpoint):
 
     def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
         super().__init__(*args, **{**kwargs, "save_last": save_last})
+
+    def check_monitor_top_k(self, trainer: Any, current: torch.Tensor | None = None) -> bool:
+        """Lightning's decision, except that a NaN/inf value is never an improvement (nor a first best).
+
+        The value is the same on every rank (logged metrics are synced), so the ranks agree.
+        The module says why in its own warning (``BaseModule.on_validation_end``).
+        """
+        if current is not None and not bool(torch.isfinite(torch.as_tensor(current)).all()):
+            return False
+        return super().check_monitor_top_k(trainer, current)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         super().on_train_epoch_end(trainer, pl_module)

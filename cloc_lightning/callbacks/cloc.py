@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from typing import Any
 
 import lightning as L
@@ -12,6 +14,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from cloc_lightning.callbacks._util import run_dir, tensorboard
+from cloc_lightning.callbacks.checkpoint import print_line
 from cloc_lightning.plots import margin_figure, save_figure
 from cloc_lightning.validation import check_int
 
@@ -49,9 +52,40 @@ class CLOCMarginFreeze(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._check(pl_module)
+        at, epochs = self.freeze_at_epoch, trainer.max_epochs
+        if stage == "fit" and at is not None and not getattr(trainer, "fast_dev_run", False) and epochs is not None and 0 < epochs <= at:
+            # A warning, not an error: the run still gives a valid, labelled phase-one result (the final margins
+            # YAML, frozen_in_this_run: false, for a separate phase-two run), and shortened trial runs of the
+            # two-phase configs (--trainer.max_epochs 1) stay possible; but it is said at the start, not discovered.
+            print_line(
+                trainer,
+                f"warning: CLOCMarginFreeze(freeze_at_epoch={at}) with trainer.max_epochs={epochs}: the margins will "
+                f"never be frozen (epochs 0..{epochs - 1} are all phase one) and phase two will not run; the final "
+                f"margins are written at the end instead. For both phases set freeze_at_epoch below {epochs} "
+                f"(--trainer.callbacks.init_args.freeze_at_epoch) or --trainer.max_epochs {at + 1} or more; "
+                "freeze_at_epoch: null trains phase one only without this warning.",
+                file=sys.stderr,
+            )
+
+    @staticmethod
+    def check_margins(learnable_map: list[list[Any]], trainer: L.Trainer, phase_one_done: bool) -> None:
+        """Refuse margins that are not finite and > 0: they come from a diverged phase one and phase two refuses them."""
+        values = [pair[1] for pair in learnable_map]
+        bad = [i for i, v in enumerate(values) if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0]
+        if not bad:
+            return
+        epoch = trainer.current_epoch
+        when = f"at the freeze (start of epoch {epoch})" if phase_one_done else f"at the end of fit (after {epoch} epoch(s))"
+        raise ValueError(
+            f"CLOCMarginFreeze: the learned margins {when} are {values}; margin(s) {bad} are not finite and > 0 (phase "
+            "one diverged: softplus of a raw margin driven to -inf is 0), so no margins YAML is written and phase two "
+            "cannot use them. Lower the learning rate (--model.lr, or --model.margin_lr for the margins) or clip "
+            "gradients (--trainer.gradient_clip_val 1.0) and train phase one again"
+        )
 
     def write(self, trainer: L.Trainer, pl_module: Any, learnable_map: list[list[Any]], phase_one_done: bool) -> str:
-        """Write the margins YAML; return its path."""
+        """Write the margins YAML; return its path.  Raises a ``ValueError`` for margins that are not finite and > 0."""
+        self.check_margins(learnable_map, trainer, phase_one_done)
         path = os.path.join(run_dir(trainer), self.filename)
         payload = {
             "learnable_map": learnable_map,
@@ -70,7 +104,7 @@ class CLOCMarginFreeze(Callback):
             tb = tensorboard(trainer)
             if tb is not None:
                 tb.add_text("cloc/learnable_map", "    " + yaml.safe_dump(learnable_map).replace("\n", "\n    "), trainer.global_step)
-            print(f"CLOC margins ({'frozen' if phase_one_done else 'final'}) written to {path}: {learnable_map}")
+            print_line(trainer, f"CLOC margins ({'frozen' if phase_one_done else 'final'}) written to {path}: {learnable_map}")
         self.path = path
         return path
 
@@ -156,7 +190,7 @@ class CLOCMarginPlot(Callback):
         self.path = os.path.join(folder, self.filename)
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         save_figure(fig, self.path)
-        print(f"CLOC margin plot written to {self.path}")
+        print_line(trainer, f"CLOC margin plot written to {self.path}")
 
     def state_dict(self) -> dict[str, Any]:
         self._flush()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, cast
 
@@ -56,6 +57,7 @@ from cloc_lightning.checkpoints import (
     check_checkpoint,
     encoder_metadata,
     module_record,
+    read_checkpoint,
 )
 from cloc_lightning.checks import deferring, require
 from cloc_lightning.metrics import build_metrics
@@ -185,6 +187,39 @@ def _nonfinite_grad_message(owner: str) -> str:
         "convolutions with one-pixel-wide outputs are a known PyTorch fault (our backbones guard them; wrap a custom "
         "backbone with cloc_lightning.nn.backbones.use_half_safe_convs, or use --trainer.precision 32-true); otherwise lower the learning rate or clip gradients. --model.check_finite_loss false "
         "turns this check off; --model.strict_checks true names the tensors and stops before the optimiser step."
+    )
+
+
+def _check_trains_something(trainer: L.Trainer, owner: str) -> None:
+    """Refuse a fit that would train nothing (and then test and save the untrained model as its result)."""
+    fix = (
+        "; to evaluate a model without training, run `cloc-lightning validate` (or `test`) with --ckpt_path <a .ckpt> "
+        "(Python: trainer.validate(model, datamodule, ckpt_path=...))"
+    )
+    settings = (
+        ("max_epochs", trainer.max_epochs, "0 epochs", "set --trainer.max_epochs to 1 or more"),
+        ("max_steps", trainer.max_steps, "0 optimiser steps", "set --trainer.max_steps to 1 or more (or -1: no limit)"),
+        ("limit_train_batches", trainer.limit_train_batches, "0 batches per epoch",
+         "set --trainer.limit_train_batches to a positive number of batches or fraction (or remove it)"),
+    )
+    for name, value, what, how in settings:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            raise ValueError(
+                f"{owner}: trainer.{name}={value}: fit would train on {what} and then test and checkpoint the untrained "
+                f"model as if it were a result; {how}{fix}"
+            )
+
+
+def _nonfinite_monitor_message(owner: str, name: str, value: float, epoch: int, others: bool) -> str:
+    note = (
+        "the default best checkpoint (BestCheckpoint) skips it" if not others
+        else "a ModelCheckpoint you configured ranks NaN as its worst value but may keep this epoch while it has no other"
+    )
+    return (
+        f"warning: {owner}: the monitored metric {name} is {value} at epoch {epoch}: the model's validation outputs are "
+        f"not finite (NaN/inf), the run diverged. This epoch is no improvement and no best checkpoint ({note}). Lower the "
+        "learning rate (--model.lr) or clip gradients (--trainer.gradient_clip_val 1.0) and train again, or resume "
+        "from a checkpoint written before the divergence (--ckpt_path)."
     )
 
 
@@ -681,6 +716,54 @@ class BaseModule(L.LightningModule):
             "step (weights unchanged)."
         )
 
+    # ---------------------------------------------------------------- diverged evaluations
+    def on_validation_end(self) -> None:
+        """Say loudly when the monitored metric of a fit's validation epoch is NaN/inf (a diverged model).
+
+        The metrics of :mod:`cloc_lightning.metrics` are NaN when any output row is NaN/inf, and
+        :class:`~cloc_lightning.callbacks.BestCheckpoint` never keeps such an epoch as the best;
+        this names the metric, the epoch and the fix (on stderr, rank 0).  One host read of the
+        synced value per validation epoch.
+        """
+        super().on_validation_end()
+        trainer = self._trainer
+        if trainer is None or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if not isinstance(value, torch.Tensor) or bool(torch.isfinite(value).all()):
+            return
+        from cloc_lightning.callbacks.checkpoint import BestCheckpoint, print_line
+
+        others = any(
+            isinstance(cb, ModelCheckpoint) and not isinstance(cb, BestCheckpoint) and cb.monitor == self.monitor
+            for cb in trainer.checkpoint_callbacks
+        )
+        message = _nonfinite_monitor_message(type(self).__name__, self.monitor, float(value), int(self.current_epoch), others)
+        print_line(trainer, message, file=sys.stderr)
+
+    def on_test_end(self) -> None:
+        """Say loudly when test metrics are NaN/inf: the tested weights give non-finite outputs, the numbers are no result."""
+        super().on_test_end()
+        trainer = self._trainer
+        if trainer is None:
+            return
+        bad = sorted(
+            k for k, v in trainer.callback_metrics.items()
+            if k.startswith("test/") and isinstance(v, torch.Tensor) and not bool(torch.isfinite(v).all())
+        )
+        if not bad:
+            return
+        from cloc_lightning.callbacks.checkpoint import print_line
+
+        weights = f"the weights of {trainer.ckpt_path}" if trainer.ckpt_path else "the final weights of the fit"
+        print_line(
+            trainer,
+            f"warning: {type(self).__name__}: the test metrics {bad[:6]} are NaN/inf: {weights} give non-finite outputs "
+            "(the run diverged), so these numbers are no result. Lower the learning rate (--model.lr) or clip gradients "
+            "(--trainer.gradient_clip_val 1.0) and train again.",
+            file=sys.stderr,
+        )
+
     # ---------------------------------------------------------------- checkpoints
     #: state_dict prefix of the encoder that frozen-encoder probes evaluate (:mod:`cloc_lightning.checkpoints`)
     encoder_prefix: ClassVar[str] = DEFAULT_ENCODER_PREFIX
@@ -747,6 +830,8 @@ class BaseModule(L.LightningModule):
         apply ``init_from`` once, unless a checkpoint is being resumed (``--ckpt_path``)."""
         if stage == "fit":
             check_precision(self)
+            if self._trainer is not None:
+                _check_trains_something(self.trainer, type(self).__name__)
         path = self.hparams.init_from
         resuming = self._trainer is not None and self.trainer.ckpt_path is not None
         if path and not resuming and self._initialised_from != path:
@@ -759,15 +844,18 @@ class BaseModule(L.LightningModule):
         Keys under :attr:`init_from_exclude` are skipped; a key present in both with a
         different shape is an error.  Returns ``{'loaded', 'missing', 'unexpected'}``.
         """
-        if not os.path.isfile(os.path.expanduser(path)):
-            raise FileNotFoundError(f"init_from checkpoint {path!r} does not exist; give the path of a .ckpt file")
-        ckpt = torch.load(os.path.expanduser(path), map_location="cpu", weights_only=False)
-        state = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
-        if not isinstance(state, dict):
-            raise ValueError(f"{path!r} holds no state_dict")
+        ckpt = read_checkpoint(
+            path,
+            what="init_from checkpoint",
+            hint="init_from takes a .ckpt file (e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt) or a "
+            "state_dict saved with torch.save; a CLOC margins YAML goes to --model.learnable_map",
+        )
+        state = ckpt.get("state_dict", ckpt)
+        if not isinstance(state, dict) or not any(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ValueError(f"init_from {path!r} is neither a Lightning checkpoint nor a state_dict of tensors")
         own = self.state_dict()
         skip = tuple(self.init_from_exclude)
-        take = {k: v for k, v in state.items() if k in own and not k.startswith(skip)}
+        take = {k: v for k, v in state.items() if k in own and isinstance(v, torch.Tensor) and not k.startswith(skip)}
         bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in take.items() if v.shape != own[k].shape]
         if bad:
             raise ValueError(f"init_from {path!r} does not fit this model (shape mismatch): {bad[:5]}")
@@ -965,11 +1053,12 @@ class ClassifierModule(BaseModule):
                 continue
             value = float(values[name])
             entry = self.val_summary.get(name)
-            better = entry is None or not math.isfinite(entry["best"]) or (
-                value > entry["best"] if mode == "max" else value < entry["best"]
+            if entry is None:  # no best yet: NaN until an epoch has a finite value
+                entry = self.val_summary[name] = {"best": math.nan, "best_epoch": math.nan}
+            # a NaN/inf value (non-finite outputs, cloc_lightning.metrics) is never an improvement
+            better = math.isfinite(value) and (
+                not math.isfinite(entry["best"]) or (value > entry["best"] if mode == "max" else value < entry["best"])
             )
-            if entry is None:
-                entry = self.val_summary[name] = {}
             entry["final"], entry["final_epoch"] = value, float(epoch)
             if better:
                 entry["best"], entry["best_epoch"] = value, float(epoch)
@@ -980,7 +1069,9 @@ class ClassifierModule(BaseModule):
     def summary_line(self) -> str:
         """``<summary_name>: val/acc final 0.8712 (epoch 99), best 0.8760 (epoch 87)`` (empty before any validation)."""
         parts = [
-            f"{name} final {e['final']:.4f} (epoch {int(e['final_epoch'])}), best {e['best']:.4f} (epoch {int(e['best_epoch'])})"
+            f"{name} final {e['final']:.4f} (epoch {int(e['final_epoch'])}), "
+            + (f"best {e['best']:.4f} (epoch {int(e['best_epoch'])})" if math.isfinite(e["best"])
+               else "best none (no epoch had a finite value: the run diverged)")
             for name, e in self.val_summary.items()
         ]
         if not parts:
