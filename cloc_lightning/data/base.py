@@ -487,6 +487,9 @@ class BaseDataModule(L.LightningDataModule):
         seed: seed of the training sampler's shuffling and of the training augmentations.
         bad_files: what file-based sets do with unreadable images (``raise``/``skip``);
             the ``predict_root`` set always raises (a skipped file would shift the rows).
+            For :class:`~cloc_lightning.data.CSVDataModule` rows whose image does not exist
+            are found at setup: an error under ``raise``, left out of every split (one
+            warning with the count) under ``skip``.
         predict_root: what ``predict`` runs on: ``None`` (default) the test split; a folder
             of images (searched recursively, sorted paths, no labels: class sub-folders
             are not needed and give none); or a ``.csv`` file with a ``path`` column

@@ -137,10 +137,6 @@ class UTKFaceDataModule(BaseDataModule):
         edges = self.age_bins
         return [*(f"{a}-{b - 1}" for a, b in itertools.pairwise(edges)), f"{edges[-1]}+"]
 
-    def _read(self, root: str) -> tuple[list[str], list[int]]:
-        files, ages = self._read_ages(root)
-        return files, [self.age_to_label(a) for a in ages]
-
     def _read_ages(self, root: str) -> tuple[list[str], list[int]]:
         """The parseable image files under ``root`` and their ages."""
         files, labels, bad = [], [], []

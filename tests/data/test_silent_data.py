@@ -237,3 +237,28 @@ def test_default_arguments_are_unchanged() -> None:
     dm = OrdinalShapesDataModule(num_workers=0)
     assert (dm.image_size, dm.batch_size, dm.eval_batch_size, dm.rrc_scale) == (32, 64, 64, (0.5, 1.0))
     assert torch.tensor(dm.std).min() > 0
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("fraction", "non-integer label(s) ['2.5']: line 26: 'img/24.png' (label '2.5')"),
+    ("words", "task is ordinal but the string labels ['adult', 'old', 'young'] in the 'label' column of"),
+    ("missing", "1 of 12 image(s) listed in"),
+])
+def test_data_faults_are_one_error_line_through_the_cli(case: str, expected: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The user meets these in ``cloc-lightning fit``: one ``error:`` line, exit code 1, before any training."""
+    from cloc_lightning.cli import main
+
+    labels = {"fraction": [str(i % 12) for i in range(24)] + ["2.5"], "words": ["young", "adult", "old"] * 4,
+              "missing": [str(i % 3) for i in range(12)]}[case]
+    path = _csv(tmp_path, labels, missing=(5,) if case == "missing" else ())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--model", "CEModule", "--model.num_classes", "3", "--model.backbone", "test_resnet",
+              "--data", "CSVDataModule", "--data.csv_path", str(path), "--data.num_workers", "0",
+              "--trainer.logger", "false", "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
+              "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code == 1
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and expected in errors[0], captured.err[-3000:]
+    assert "Traceback" not in captured.err and "Epoch" not in captured.out + captured.err
