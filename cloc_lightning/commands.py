@@ -28,7 +28,7 @@ from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototypes import PrototypeClassifier
-from cloc_lightning.probe import PROBE_PRESETS, ProbeSplit, probe_checkpoint
+from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint
 
 __all__ = ["COMMANDS", "probe_main", "export_prototypes_main", "configs_main"]
 
@@ -43,8 +43,11 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     ``--preset`` (:data:`~cloc_lightning.probe.PROBE_PRESETS`) sets ``C``, ``max_iter``,
     ``normalize``, ``standardize`` and ``calibrated``; any of them given explicitly overrides it.
     """
+    from cloc_lightning.cli import CLOCHelpFormatter  # plain-text help (the CLI module imports this one at its top)
+
     parser = ArgumentParser(
         prog="cloc-lightning probe",
+        formatter_class=CLOCHelpFormatter,
         description="Fit scikit-learn LogisticRegression on frozen encoder features of a checkpoint; print top-1/top-5.",
         env_prefix="CLOC_PROBE",
         default_env=False,
@@ -53,7 +56,7 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
     parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module (train: probe fit, test: score)")
     parser.add_argument(
-        "--preset", type=str, default="default", choices=list(PROBE_PRESETS),
+        "--preset", type=ProbePreset, default="default",
         help="probe protocol: 'default' (C 1, max_iter 1000, standardised, unnormalised features) or 'sigmoid_cl' "
         "(the ReLIC-sigmoid seed: CalibratedClassifierCV(LogisticRegression(max_iter=100)) on L2-normalised, "
         "unstandardised features); the options below override it",

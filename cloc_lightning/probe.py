@@ -44,7 +44,7 @@ the architecture given explicitly (``backbone=...``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -66,6 +66,7 @@ from cloc_lightning.validation import check_choice
 __all__ = [
     "PROBE_PRESETS",
     "ProbeSplit",
+    "ProbePreset",
     "probe_settings",
     "ENCODER_META_KEY",
     "DEFAULT_ENCODER_PREFIX",
@@ -92,6 +93,10 @@ PROBE_PRESETS: dict[str, dict[str, Any]] = {
 
 #: the split :func:`probe_checkpoint` scores
 ProbeSplit = Literal["test", "val"]
+
+#: the names of :data:`PROBE_PRESETS` (the ``--preset`` type of ``cloc-lightning probe``)
+ProbePreset = Literal["default", "sigmoid_cl"]
+assert set(get_args(ProbePreset)) == set(PROBE_PRESETS), "ProbePreset must name every PROBE_PRESETS entry"
 
 
 def probe_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any]:

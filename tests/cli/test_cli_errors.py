@@ -1,0 +1,142 @@
+"""Errors a newcomer can read, through the real CLI (in-process): parse errors, a missing ``--ckpt_path``, an
+unusable logger ``save_dir``, LightningCLI's ``--optimizer``/``--lr_scheduler`` — each one ``error:`` line naming
+the input and the fix, before anything trains; and help texts without reST markup or truncated summaries."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cloc_lightning.cli import main, rst_to_text
+from tests.conftest import TINY_BACKBONE
+
+MODEL = ["--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
+DATA = ["--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8",
+        "--data.test_size", "8", "--data.batch_size", "8", "--data.num_workers", "0", "--data.image_size", "16",
+        "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.logger.init_args.save_dir", "runs"]
+
+
+@pytest.fixture(autouse=True)
+def _console_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sys.argv`` as on the console (LightningCLI warns when it holds pytest's arguments besides ``args``)."""
+    monkeypatch.setattr("sys.argv", ["cloc-lightning"])
+
+
+def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
+    """Run the CLI, expect exit ``code`` with a short message (at most 2 lines on stderr), return stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == code
+    out = capsys.readouterr()
+    assert "Epoch" not in out.out + out.err and "Traceback" not in out.err
+    lines = [ln for ln in out.err.strip().splitlines() if not ln.startswith("/")]  # python warnings (site-packages paths)
+    assert 1 <= len(lines) <= 2, out.err
+    return out.err
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["fit", *MODEL, "--model.learning_rate", "0.1", *DATA],
+     "error: --model.learning_rate: CEModule has no such argument; did you mean --model.lr"),
+    (["fit", *MODEL, *DATA, "--trainer.max_epochz", "2"],
+     "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs"),
+    (["fit", "--config", "missing.yaml"], "error: --config: no such file: "),
+    (["fit", "--config", "bad.yaml"], "error: bad.yaml:4:8: invalid YAML: expected ',' or ']'"),
+    (["fit", "--model", "CEModule", "--model.num_classes", "eight", *DATA],
+     "error: --model.num_classes: expected int, got 'eight' (CEModule)"),
+])
+def test_parse_errors_are_one_line(args: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text("model:\n  class_path: CEModule\n  init_args: [num_classes: 4\ntrainer: {\n")
+    err = _fails(args, capsys, 2)
+    assert expected in err, err
+    assert "--debug shows the parser's full message" in err
+    assert "<unicode string>" not in err and "usage:" not in err
+
+
+def test_debug_shows_the_parsers_full_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", *MODEL, "--model.learning_rate", "0.1", *DATA, "--debug"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "Option 'learning_rate' is not accepted" in err
+
+
+def test_missing_ckpt_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    for command in ("fit", "test"):
+        err = _fails([command, *MODEL, *DATA, "--ckpt_path", "runs/none/best.ckpt"], capsys, 1)
+        assert "error: --ckpt_path runs/none/best.ckpt: no such file; give an existing .ckpt file" in err, err
+        assert "--ckpt_path last" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unusable_save_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    err = _fails(["fit", *MODEL, *DATA, "--trainer.logger.init_args.save_dir", "afile"], capsys, 1)
+    assert "error: logger save_dir:" in err and "afile is a file, not a folder" in err, err
+
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    if os.access(readonly, os.W_OK):  # root writes anywhere: a read-only file system instead
+        readonly = Path("/proc/cloc-lightning-runs")
+    try:
+        err = _fails(["fit", *MODEL, *DATA, "--trainer.logger.init_args.save_dir", str(readonly)], capsys, 1)
+    finally:
+        (tmp_path / "readonly").chmod(0o755)
+    assert "error: logger save_dir: cannot write the run folder" in err and str(readonly) in err, err
+    assert "give --trainer.logger.init_args.save_dir a folder you can write to" in err
+
+
+@pytest.mark.parametrize("args", [
+    ["--optimizer", "SGD", "--optimizer.lr", "0.5"],
+    ["--lr_scheduler=StepLR"],
+    ["--config", "optim.yaml"],
+])
+def test_lightning_optimizer_options_are_refused(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "optim.yaml").write_text("optimizer:\n  class_path: torch.optim.SGD\n  init_args: {lr: 0.5}\n")
+    err = _fails(["fit", *MODEL, *DATA, *args], capsys, 1)
+    assert "cloc-lightning has no --optimizer/--lr_scheduler options" in err, err
+    for key in ("--model.optimizer", "--model.lr", "--model.weight_decay", "--model.scheduler", "--model.warmup_epochs"):
+        assert key in err
+
+
+def test_help_offers_no_lightning_optimizer_and_prints_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert "--model.help" in out and "--optimizer" not in out and "--lr_scheduler" not in out
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.help", "CLOCModule"])
+    out = capsys.readouterr().out
+    assert "--model.margin_kind" in out or "--model.num_classes" in out
+    assert ":class:" not in out and "``" not in out and ":mod:" not in out, out
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "test                Perform one evaluation epoch over the test set.\n" in out
+    assert "predict             Run inference on your data.\n" in out
+    assert "make sure you never run on your\n" not in out
+
+    with pytest.raises(SystemExit):
+        main(["probe", "--help"])
+    out = capsys.readouterr().out
+    assert "<lambda>" not in out and "--preset" in out
+
+
+def test_rst_to_text() -> None:
+    assert rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`") == \
+        "see CLOCLoss and cloc_lightning.losses"
+    assert rst_to_text("``mm`` (a margin per pair), :func:`f <pkg.f>`, x ``C - 1``") == "mm (a margin per pair), f, x C - 1"

@@ -1,0 +1,108 @@
+"""Run records through the real CLI (in-process): a run folder's ``config.yaml`` is written once, by the run
+that owns it; a resumed fit appends ``config.resume-N.yaml``; a new run into a folder holding records is
+refused before it writes anything; ``validate``/``test``/``predict`` refuse to run without trained weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import yaml
+
+from cloc_lightning.cli import main
+from tests.conftest import TINY_BACKBONE
+
+#: a CE fit of one epoch on 16 px shapes (2 training steps)
+ARGS = [
+    "--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE,
+    "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8",
+    "--data.test_size", "8", "--data.batch_size", "8", "--data.num_workers", "0", "--data.image_size", "16",
+    "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    "--trainer.logger.init_args.save_dir", "runs", "--trainer.logger.init_args.name", "rec",
+]
+
+
+def _exit_code(args: list[str]) -> int | str | None:
+    try:
+        main(args)
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def _lr(path: Path) -> float:
+    return float(yaml.safe_load(path.read_text())["model"]["init_args"]["lr"])
+
+
+def test_records_are_written_once_resume_appends_and_a_pinned_rerun_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "rec" / "version_0"
+    pinned = ["--trainer.logger.init_args.version", "0"]
+    assert _exit_code(["fit", *ARGS, *pinned]) == 0
+    config = (run / "config.yaml").read_text()
+    hparams = (run / "hparams.yaml").read_text()
+    held = sorted(p.name for p in run.iterdir())
+
+    # (b) a second run pinned to the same folder with another lr: refused before it writes anything
+    capsys.readouterr()
+    assert _exit_code(["fit", *ARGS, *pinned, "--model.lr", "0.01"]) == 1
+    err = capsys.readouterr().err
+    assert f"run folder runs/rec/version_0 already holds the records of another run" in err, err
+    assert "--trainer.logger.init_args.version <new>" in err and "--ckpt_path last" in err
+    assert len(err.strip().splitlines()) == 2  # the error line + the --debug hint
+    assert (run / "config.yaml").read_text() == config and (run / "hparams.yaml").read_text() == hparams
+    assert sorted(p.name for p in run.iterdir()) == held
+
+    # (a) resumed fits append their own config and leave config.yaml alone
+    assert _exit_code(["fit", *ARGS, "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert _exit_code(["fit", *ARGS, "--ckpt_path", "last", "--trainer.max_epochs", "3"]) == 0
+    assert (run / "config.yaml").read_text() == config
+    assert yaml.safe_load((run / "config.resume-1.yaml").read_text())["trainer"]["max_epochs"] == 2
+    assert yaml.safe_load((run / "config.resume-2.yaml").read_text())["trainer"]["max_epochs"] == 3
+    assert _lr(run / "config.yaml") == 0.001
+
+    # an unpinned new run takes the next free folder
+    assert _exit_code(["fit", *ARGS, "--model.lr", "0.01"]) == 0
+    assert _lr(tmp_path / "runs" / "rec" / "version_1" / "config.yaml") == 0.01
+    assert _lr(run / "config.yaml") == 0.001
+
+
+class FailAtTrainStart(L.Callback):
+    """Fails as a late data error would: after the run's config is saved, before any step."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        raise OSError("broken.csv row 1: missing.png does not exist")
+
+
+def test_a_failed_resume_keeps_the_runs_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resumed attempt fails after its config is saved: ``config.yaml`` stays the first run's."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "rec" / "version_0"
+    assert _exit_code(["fit", *ARGS]) == 0
+    config = (run / "config.yaml").read_text()
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--model.lr", "0.05",
+              "--trainer.callbacks+=tests.cli.test_cli_records.FailAtTrainStart"])
+    assert (run / "config.yaml").read_text() == config
+    assert "FailAtTrainStart" in (run / "config.resume-1.yaml").read_text()
+
+
+@pytest.mark.parametrize("command", ["predict", "test", "validate"])
+def test_evaluation_commands_refuse_an_untrained_model(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _exit_code([command, *ARGS]) == 1
+    err = capsys.readouterr().err
+    assert f"{command} without trained weights: no --ckpt_path and no --model.init_from" in err, err
+    assert "--ckpt_path <run folder>/checkpoints/<file>.ckpt" in err and "--model.init_from <checkpoint" in err
+    assert not (tmp_path / "runs" / "rec" / "version_0" / "predictions.csv").exists()
+
+
+def test_predict_with_init_from_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _exit_code(["fit", *ARGS]) == 0
+    ckpt = next((tmp_path / "runs" / "rec" / "version_0" / "checkpoints").glob("last*.ckpt"))
+    assert _exit_code(["predict", *ARGS, "--model.init_from", str(ckpt)]) == 0
+    assert (tmp_path / "runs" / "rec" / "version_1" / "predictions.csv").is_file()
