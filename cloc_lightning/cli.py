@@ -210,7 +210,7 @@ def _class_option_names(class_path: str, prefix: str) -> list[str]:
         cls = getattr(importlib.import_module(module_name), name)
         parser = ArgumentParser(exit_on_error=False)
         parser.add_class_arguments(cls, prefix)
-    except Exception:  # only for a suggestion: never let it hide the error itself
+    except Exception:  # noqa: BLE001  # only for a suggestion: whatever fails here must not hide the error itself
         return []
     return [o for o in _option_names(parser) if not o.endswith(".help")]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cloc_lightning.cli import main, rst_to_text
+from cloc_lightning.cli import main
 from tests.conftest import TINY_BACKBONE
 
 MODEL = ["--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
@@ -137,6 +137,8 @@ def test_help_offers_no_lightning_optimizer_and_prints_plain_text(capsys: pytest
 
 
 def test_rst_to_text() -> None:
+    from cloc_lightning.cli import rst_to_text
+
     assert rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`") == \
         "see CLOCLoss and cloc_lightning.losses"
     assert rst_to_text("``mm`` (a margin per pair), :func:`f <pkg.f>`, x ``C - 1``") == "mm (a margin per pair), f, x C - 1"
