@@ -6,7 +6,6 @@ import difflib
 import os
 from typing import Any, Literal
 
-import timm
 import torch
 from torch import nn
 
@@ -19,6 +18,8 @@ BackboneInit = Literal["timm", "kaiming"]
 
 
 def _suggest(name: str) -> str:
+    import timm  # imported where a backbone is built: `cloc-lightning --help` does not need timm's model registry
+
     close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
     return f" Did you mean one of {close}?" if close else " See timm.list_models() for the names."
 
@@ -164,6 +165,8 @@ def create_backbone(
     Returns:
         ``(model, num_features)``: ``model(x)`` maps ``[B, in_chans, H, W]`` to ``[B, num_features]``.
     """
+    import timm  # lazily, see _suggest
+
     if not isinstance(name, str) or not timm.is_model(name.split(".")[0]):
         raise ValueError(f"Unknown timm backbone {name!r}.{_suggest(str(name))}")
     check_choice("backbone init", init, BackboneInit)
