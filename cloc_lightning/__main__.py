@@ -35,4 +35,5 @@ def main(args: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[0] = "cloc-lightning"  # usage and error lines name the command, not "__main__.py"
     main()
