@@ -413,6 +413,18 @@ def _check_save_dir(folder: str) -> None:
                              "--trainer.logger.init_args.save_dir a folder you can write to") from None
 
 
+#: what a run writes into its run folder (other files there, e.g. a scheduler's or job script's own logs, are not a run's records)
+_RECORD_PATTERNS = ("config*.yaml", "hparams.yaml", "checkpoints", "events.out.tfevents.*", "metrics.csv",
+                    "cloc_margins*", "predictions*.csv", "*.ckpt")
+
+
+def _run_records(folder: str) -> list[str]:
+    """The names in ``folder`` that a run of this library (or Lightning's loggers) writes, sorted."""
+    import fnmatch
+
+    return sorted(n for n in os.listdir(folder) if any(fnmatch.fnmatch(n, p) for p in _RECORD_PATTERNS))
+
+
 def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
     """Before anything is written: the run folder can be written and, for a new run, holds no other run's records.
 
@@ -438,9 +450,9 @@ def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
             pass
         if not os.path.isdir(log_dir):
             raise RunFolderError(f"logger run folder {log_dir} is a file; remove it or pick another version")
-        held = sorted(os.listdir(log_dir))
+        held = _run_records(log_dir)
         if not held:
-            return  # an empty folder: nobody's records
+            return  # no run's records (empty, or only files of your own, e.g. a job script's log)
         if pinned:
             shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
             raise RunFolderInUseError(
