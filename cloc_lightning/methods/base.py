@@ -786,8 +786,15 @@ class BaseModule(L.LightningModule):
         """Refuse a checkpoint of another module class or encoder, naming both (before any weight is loaded).
 
         Subclasses that override this hook call ``super().on_load_checkpoint(checkpoint)``.
+        A fit resumed with ``--ckpt_path`` on a model with ``init_from`` says that the resumed
+        weights replace the ``init_from`` ones (Lightning restores checkpoints after ``setup``, where
+        ``init_from`` was applied and reported).
         """
         check_checkpoint(self, checkpoint)
+        trainer = self._trainer
+        if self._initialised_from is not None and trainer is not None and trainer.state.fn == "fit" and trainer.is_global_zero:
+            print(f"init_from {self._initialised_from}: replaced by the weights of the resumed checkpoint (--ckpt_path "
+                  f"{trainer.ckpt_path}); init_from only initialises a new run", flush=True)
 
     # ---------------------------------------------------------------- lifecycle
     def configure_model(self) -> None:

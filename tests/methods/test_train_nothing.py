@@ -87,3 +87,24 @@ def test_the_margins_line_is_not_glued_onto_the_progress_bar(tmp_path: Path, cap
     assert "Epoch 0" in out[:at]  # the bar was drawn before the line
     same_line = re.split(r"[\r\n]", out[:at])[-1]
     assert same_line.strip() == "", f"glued onto {same_line!r}"
+
+
+def test_init_from_on_a_resumed_fit_says_the_checkpoint_replaces_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Lightning restores ``--ckpt_path`` after ``setup`` applied ``init_from``: the run says which weights it trains."""
+    from cloc_lightning.methods import CEModule
+    from tests._reliability import SMALL, _shapes
+
+    def fit(init_from: str | None, ckpt: str | None, root: Path) -> L.Trainer:
+        trainer = L.Trainer(max_epochs=1 if ckpt is None else 2, accelerator="cpu", devices=1, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
+                            limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
+        trainer.fit(CEModule(num_classes=4, init_from=init_from, **SMALL), datamodule=_shapes(), ckpt_path=ckpt)
+        return trainer
+
+    first = fit(None, None, tmp_path / "a")
+    ckpt = first.checkpoint_callback.last_model_path  # type: ignore[union-attr]
+    capsys.readouterr()
+    fit(ckpt, ckpt, tmp_path / "b")
+    out = capsys.readouterr().out
+    assert f"init_from {ckpt}: loaded" in out
+    assert f"init_from {ckpt}: replaced by the weights of the resumed checkpoint (--ckpt_path {ckpt})" in out
