@@ -122,6 +122,10 @@ def test_strip_outputs_removes_outputs_counts_and_timing(tmp_path: Path) -> None
 def test_notebook_executes(name: str, data: str, kernel_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if data == "auto" and not SHARED_DATA.is_dir():
         pytest.skip(f"no real data at {SHARED_DATA}: 'auto' would run the built-in data again")
+    if data == "builtin" and os.environ.get("CLOC_NOTEBOOKS_BUILTIN_IN_DOCS") == "1":
+        # .ci/run: `mkdocs build --strict` executed every notebook on the built-in data in this CI run (a raising
+        # cell, i.e. a failed claim of the notebook, fails that build); once per CI run is enough
+        pytest.skip("executed on the built-in data by `mkdocs build --strict` in this CI run (CLOC_NOTEBOOKS_BUILTIN_IN_DOCS=1)")
     from nbclient import NotebookClient
 
     monkeypatch.setenv("CLOC_NOTEBOOK_TINY", "1")

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import REPO, TINY_BACKBONE, UTKFACE, needs, run_cli
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_help_lists_registered_classes(tmp_path: Path) -> None:
     out = run_cli(["fit", "--help"], tmp_path).stdout
     assert "--test_after_fit" in out and "--model" in out and "--data" in out
@@ -19,6 +20,7 @@ def test_help_lists_registered_classes(tmp_path: Path) -> None:
     assert "--model.num_classes" in model_help and "--model.backbone" in model_help
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_fit_then_test_then_predict(tmp_path: Path, tiny_shapes_args: list[str]) -> None:
     args = ["--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE, *tiny_shapes_args]
     out = run_cli(["fit", *args, "--test_after_fit", "true", "--trainer.logger.init_args.name", "smoke"], tmp_path).stdout
@@ -70,6 +72,7 @@ def test_typo_in_yaml_config_fails(tmp_path: Path) -> None:
 
 @needs(UTKFACE)
 @pytest.mark.realdata
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_ce_utkface_config_trains_and_reports(tmp_path: Path) -> None:
     out = run_cli(
         [

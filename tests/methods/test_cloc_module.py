@@ -154,6 +154,7 @@ def test_bad_arguments() -> None:
         )
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_two_phases_as_two_cli_runs(tmp_path: Path, tiny_shapes_args: list[str]) -> None:
     common = [*tiny_shapes_args, "--model.backbone", TINY_BACKBONE]
     out1 = run_cli(

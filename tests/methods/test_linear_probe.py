@@ -64,6 +64,7 @@ def _backbone_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_two_stage_path_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "stage1.yaml"
     cfg.write_text(STAGE_ONE_YAML.format(backbone=TINY_BACKBONE))

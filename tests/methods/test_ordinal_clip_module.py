@@ -286,6 +286,7 @@ def test_export_logits_equal_module_and_load_without_text_tower(
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_cli_fit_and_export_prototypes(tmp_path: Path) -> None:
     out = run_cli(
         ["fit", "--model", "OrdinalCLIPModule", "--model.num_classes", "4", "--model.clip_model", "ViT-S-32-alt",

@@ -351,6 +351,7 @@ def test_bf16_mixed_fit_stays_finite_and_resume_restores_the_target(tmp_path: Pa
 
 
 # ------------------------------------------------------------------ CLI + probe
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_cli_fit_validate_test_and_offline_probe_on_the_target_encoder(tmp_path: Path) -> None:
     shrink = [
         "--data.train_size", "64", "--data.val_size", "32", "--data.test_size", "32", "--data.batch_size", "32",
