@@ -63,40 +63,30 @@ def _nan_if_nonfinite(value: torch.Tensor, nonfinite: torch.Tensor) -> torch.Ten
     return torch.where(nonfinite > 0, torch.full_like(value, float("nan")), value)
 
 
-class Accuracy(MulticlassAccuracy):
+class _NonFiniteIsNaN:
+    """Mixin for a torchmetrics classification metric: counts NaN/inf score rows (device-side) and computes NaN if any."""
+
+    nonfinite: torch.Tensor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_state("nonfinite", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")  # type: ignore[attr-defined]
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if preds.dim() == 2:
+            self.nonfinite += _nonfinite_rows(preds)
+        super().update(preds, target)  # type: ignore[misc]
+
+    def compute(self) -> torch.Tensor:
+        return _nan_if_nonfinite(super().compute(), self.nonfinite)  # type: ignore[misc]
+
+
+class Accuracy(_NonFiniteIsNaN, MulticlassAccuracy):
     """``MulticlassAccuracy`` (top-k with ``top_k``) that is NaN when any scored row was NaN/inf."""
 
-    nonfinite: torch.Tensor
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.add_state("nonfinite", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        if preds.dim() == 2:
-            self.nonfinite += _nonfinite_rows(preds)
-        super().update(preds, target)
-
-    def compute(self) -> torch.Tensor:
-        return _nan_if_nonfinite(super().compute(), self.nonfinite)
-
-
-class QuadraticKappa(MulticlassCohenKappa):
+class QuadraticKappa(_NonFiniteIsNaN, MulticlassCohenKappa):
     """``MulticlassCohenKappa`` (give ``weights='quadratic'``) that is NaN when any scored row was NaN/inf."""
-
-    nonfinite: torch.Tensor
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.add_state("nonfinite", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        if preds.dim() == 2:
-            self.nonfinite += _nonfinite_rows(preds)
-        super().update(preds, target)
-
-    def compute(self) -> torch.Tensor:
-        return _nan_if_nonfinite(super().compute(), self.nonfinite)
 
 
 class _MeanMetric(Metric):
