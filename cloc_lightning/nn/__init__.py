@@ -5,6 +5,7 @@ from cloc_lightning.nn.ema import EMATarget, copy_module_state_, cosine_beta, em
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.hub import PretrainedUnavailableError, load_pretrained
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, knn_accuracy, knn_predict
+from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights
 from cloc_lightning.nn.prototypes import (
     ENCODER_BUILDERS,
@@ -19,6 +20,8 @@ from cloc_lightning.nn.prototypes import (
 from cloc_lightning.nn.text_encoder import FrozenTextEncoder
 
 __all__ = [
+    "CORALHead",
+    "CORNHead",
     "apply_cifar_stem",
     "create_backbone",
     "infer_feature_dim",
