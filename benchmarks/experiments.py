@@ -26,7 +26,8 @@ the real command line in a subprocess::
   training images): the table shows their wall time and learning curves; rows with
   ``init_from`` set to their key fine-tune from their weights, same seed
   (``--model.init_from <run>/init_weights.pt``, the ``state_dict`` of the source's
-  ``last.ckpt``, kept when the checkpoints are deleted).
+  ``last.ckpt``, kept when the checkpoints are deleted; a frozen-encoder stage two reads
+  ``--model.encoder_ckpt <run>/encoder_ckpt.pt``, that checkpoint without its optimiser state).
 
 Results are written after every run to ``<out>/<table>.md`` and ``<out>/<table>.json``
 (mean ± sample standard deviation over the seeds that finished; the JSON holds every
@@ -97,6 +98,9 @@ class Row:
             difference (this row − baseline, same seed) of every metric, per baseline.
         init_from: key of an earlier row of the table whose trained weights (same seed)
             initialise this row's fit (``--model.init_from``); that row must finish first.
+        init_arg: the model argument that receives the source's weights: ``init_from`` (the
+            source's ``state_dict``, :data:`INIT_WEIGHTS`) or ``encoder_ckpt`` (a frozen-encoder
+            stage two: the source's checkpoint without optimiser state, :data:`ENCODER_CKPT`).
     """
 
     key: str
@@ -110,6 +114,7 @@ class Row:
     probe_overrides: list[str] = field(default_factory=list)
     paired_with: str | tuple[str, ...] | None = None
     init_from: str | None = None
+    init_arg: str = "init_from"
 
     @property
     def baselines(self) -> tuple[str, ...]:
@@ -141,6 +146,9 @@ class Table:
 
 #: the weights file an ``init_from`` source row leaves in its run folder
 INIT_WEIGHTS = "init_weights.pt"
+#: the stage-one checkpoint (weights and the module's records, no optimiser state) a source row leaves for
+#: the rows that read it as ``--model.encoder_ckpt`` (a frozen-encoder stage two needs the architecture records)
+ENCODER_CKPT = "encoder_ckpt.pt"
 
 _QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
@@ -164,6 +172,11 @@ _FEATURES = ["--model.cloc_on", "features", "--model.projector_dim", "128"]
 # fine-tuned from its weights; each is paired with its from-scratch row (does pre-training
 # help?) and CLOC-from-SimCLR also with CE-from-SimCLR (does CLOC help on top of it?).
 _SSL = "SimCLR-initialised"
+# The ordinal baselines (issue 31), each paired with CE on the same seeds: CORN and CORAL are the
+# CE config with the K - 1 binary-task head and loss in its place (configs/{corn,coral}/utkface.yaml:
+# everything else as configs/ce/utkface.yaml); Rank-N-Contrast is two stages as in its paper (Zha et
+# al. 2023): the encoder trained with RnC on two views of every face (ranks = the age groups), then
+# an L1 linear regressor on its frozen features (configs/rnc/utkface.yaml, utkface_linear.yaml).
 
 UTKFACE = Table(
     name="utkface",
@@ -182,6 +195,11 @@ UTKFACE = Table(
         Row("ce_few", "CE", "supervised", "configs/ce/utkface.yaml", _FEW, column="few-shot"),
         Row("cloc_mm_few", "CE + CLOC mm (seed's settings)", "supervised", "configs/cloc/utkface.yaml", _FEW,
             column="few-shot", quick_overrides=_UTK_FREEZE_QUICK, paired_with="ce_few"),
+        Row("corn", "CORN", "supervised", "configs/corn/utkface.yaml", paired_with="ce"),
+        Row("coral", "CORAL", "supervised", "configs/coral/utkface.yaml", paired_with="ce"),
+        Row("rnc", "Rank-N-Contrast pre-training (stage one)", "encoder", "configs/rnc/utkface.yaml"),
+        Row("rnc_linear", "Rank-N-Contrast, L1 linear regressor on the frozen encoder", "supervised",
+            "configs/rnc/utkface_linear.yaml", init_from="rnc", init_arg="encoder_ckpt", paired_with="ce"),
         Row("simclr", "SimCLR pre-training (no ages; 30 epochs)", "encoder", "configs/simclr/utkface.yaml",
             ["--trainer.max_epochs", "30"], column=_SSL, quick_overrides=["--trainer.max_epochs", "2"]),
         Row("ce_simclr", "CE from SimCLR", "supervised", "configs/ce/utkface.yaml", column=_SSL, init_from="simclr",
@@ -551,10 +569,28 @@ def _tail(path: Path, n: int = 2500) -> str:
         return ""
 
 
+def _source_file(init_arg: str) -> str:
+    return ENCODER_CKPT if init_arg == "encoder_ckpt" else INIT_WEIGHTS
+
+
 def init_weights_path(run_dir: Path, row: Row, seed: int) -> Path:
-    """Where a row with ``init_from`` finds its source's weights: ``<runs_dir>/<source>/seed<S>/init_weights.pt``."""
+    """Where a row with ``init_from`` finds its source's weights: ``<runs_dir>/<source>/seed<S>/init_weights.pt``
+    (``encoder_ckpt.pt`` for a row whose ``init_arg`` is ``encoder_ckpt``)."""
     assert row.init_from is not None
-    return run_dir.parent.parent / row.init_from / f"seed{seed}" / INIT_WEIGHTS
+    return run_dir.parent.parent / row.init_from / f"seed{seed}" / _source_file(row.init_arg)
+
+
+def write_encoder_checkpoint(ckpt: Path, path: Path) -> None:
+    """Keep a checkpoint without its optimiser, scheduler and loop state as ``path`` (a stage-two ``encoder_ckpt``)."""
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    for key in ("optimizer_states", "lr_schedulers", "loops", "callbacks"):
+        state.pop(key, None)
+    state["source"] = str(ckpt)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
 
 
 def write_init_weights(ckpt: Path, path: Path) -> None:
@@ -577,7 +613,7 @@ def fit_command(table: Table, row: Row, seed: int, run_dir: Path, data_root: Pat
     if quick:
         cmd += row.quick_overrides
     if row.init_from is not None:
-        cmd += ["--model.init_from", str(init_weights_path(run_dir, row, seed))]
+        cmd += [f"--model.{row.init_arg}", str(init_weights_path(run_dir, row, seed))]
     cmd += list(extra)
     cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
     if row.kind == "supervised":
@@ -771,12 +807,17 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
                 raise RuntimeError("fit finished but logged no test/* metrics")
             record["metrics"].update(cloc_share(run_dir))
             record["curves"] = _curves(table, run_dir)
-            if any(r.init_from == row.key for r in table.rows):
+            dependants = {r.init_arg for r in table.rows if r.init_from == row.key}
+            if dependants:
                 ckpt = _find_ckpt(run_dir)
                 if ckpt is None:
                     raise RuntimeError(f"fit wrote no last.ckpt for the rows that start from {row.key}")
-                write_init_weights(ckpt, run_dir / INIT_WEIGHTS)
-                record["init_weights"] = str(run_dir / INIT_WEIGHTS)
+                if "init_from" in dependants:
+                    write_init_weights(ckpt, run_dir / INIT_WEIGHTS)
+                    record["init_weights"] = str(run_dir / INIT_WEIGHTS)
+                if "encoder_ckpt" in dependants:
+                    write_encoder_checkpoint(ckpt, run_dir / ENCODER_CKPT)
+                    record["encoder_ckpt"] = str(run_dir / ENCODER_CKPT)
         if row.kind in ("pretrain", "random"):
             if row.kind == "random":
                 ckpt = run_dir / "random_encoder.pt"
@@ -835,7 +876,7 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         for r in col_rows:
             cfg = (r.config or f"random {table.random_backbone}") + (" " + " ".join(_quote(o) for o in r.overrides) if r.overrides else "")
             if r.init_from:
-                cfg += f" --model.init_from <{r.init_from}, same seed>/{INIT_WEIGHTS}"
+                cfg += f" --model.{r.init_arg} <{r.init_from}, same seed>/{_source_file(r.init_arg)}"
             if r.probe_overrides:
                 cfg += "`; probe `" + " ".join(_quote(o) for o in r.probe_overrides)
             if r.key in skipped:

@@ -190,6 +190,26 @@ def test_quick_utkface_simclr_then_ce_from_its_weights(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.realdata
+@needs(UTKFACE)
+def test_quick_utkface_ordinal_baselines_and_rnc_two_stages(tmp_path) -> None:
+    """CORN, CORAL, and RnC stage one then its L1 regressor reading the kept stage-one checkpoint."""
+    import torch
+
+    payload = _run_quick("utkface", ["corn", "coral", "rnc", "rnc_linear"], tmp_path)
+    runs = {r["row"]: r for r in payload["runs"]}
+    assert all(r["ok"] for r in runs.values()), {k: r.get("log_tail") for k, r in runs.items() if not r["ok"]}
+    for key in ("corn", "coral", "rnc_linear"):
+        assert math.isfinite(runs[key]["metrics"]["test/mae"]) and math.isfinite(runs[key]["metrics"]["test/qwk"]), key
+    encoder = tmp_path / "runs" / "rnc" / "seed0" / "encoder_ckpt.pt"
+    assert runs["rnc"]["encoder_ckpt"] == str(encoder) and "init_weights" not in runs["rnc"]
+    kept = torch.load(encoder, map_location="cpu", weights_only=False)
+    assert "optimizer_states" not in kept and any(k.startswith("backbone.") for k in kept["state_dict"])
+    assert runs["rnc_linear"]["commands"][0][runs["rnc_linear"]["commands"][0].index("--model.encoder_ckpt") + 1] == str(encoder)
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
 @needs(CIFAR10)
 def test_quick_cifar10_random_encoder_probe(tmp_path) -> None:
     payload = _run_quick("cifar10", ["random"], tmp_path)
@@ -374,9 +394,10 @@ def test_cached_curves_under_an_older_spec_are_read_again_from_the_logs(tmp_path
 
 
 def test_rows_that_start_from_another_row_come_after_it(tmp_path) -> None:
-    from benchmarks.experiments import INIT_WEIGHTS
+    from benchmarks.experiments import ENCODER_CKPT, INIT_WEIGHTS
 
     found = 0
+    kinds = set()
     for table in TABLES.values():
         keys = [r.key for r in table.rows]
         for i, row in enumerate(table.rows):
@@ -385,10 +406,12 @@ def test_rows_that_start_from_another_row_come_after_it(tmp_path) -> None:
             found += 1
             assert row.init_from in keys[:i], f"{table.name}/{row.key}: its source {row.init_from} must be an earlier row"
             cmd = fit_command(table, row, 3, tmp_path / row.key / "seed3", SHARED_DATA, quick=False, extra=[])
-            assert cmd[cmd.index("--model.init_from") + 1] == str(tmp_path / row.init_from / "seed3" / INIT_WEIGHTS)
+            flag, name = {"init_from": ("--model.init_from", INIT_WEIGHTS), "encoder_ckpt": ("--model.encoder_ckpt", ENCODER_CKPT)}[row.init_arg]
+            kinds.add(row.init_arg)
+            assert cmd[cmd.index(flag) + 1] == str(tmp_path / row.init_from / "seed3" / name)
             source = table.rows[keys.index(row.init_from)]
-            assert "--model.init_from" not in fit_command(table, source, 3, tmp_path / source.key / "seed3", SHARED_DATA, False, [])
-    assert found >= 2
+            assert flag not in fit_command(table, source, 3, tmp_path / source.key / "seed3", SHARED_DATA, False, [])
+    assert found >= 3 and kinds == {"init_from", "encoder_ckpt"}
 
 
 def test_a_row_without_its_sources_weights_fails_naming_the_fix(tmp_path) -> None:
