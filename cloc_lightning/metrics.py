@@ -10,7 +10,8 @@ Ordinal metrics (classes are ranks ``0..C-1``):
 
 * ``mae``: mean absolute error of the arg-max class, ``mean |argmax - y|``;
 * ``mae_expected``: MAE of the expected rank ``sum_c softmax_c * c`` (the usual
-  regression read-out of OrdinalCLIP and DLDL-style methods);
+  regression read-out of OrdinalCLIP and DLDL-style methods), or of a regressor's own
+  continuous estimate when the module passes it (``update(scores, target, expected=...)``);
 * ``acc``: top-1 accuracy;
 * ``qwk``: quadratic weighted Cohen's kappa of the arg-max class;
 * ``acc_pm1``: accuracy within one rank, ``mean [|argmax - y| <= 1]``.
@@ -109,11 +110,18 @@ class _MeanMetric(Metric):
         raise NotImplementedError
 
     def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        self._check_inputs(scores, target)
+        self._add(self._values(scores.detach(), target), scores)
+
+    @staticmethod
+    def _check_inputs(scores: torch.Tensor, target: torch.Tensor) -> None:
         check_tensor("scores", scores, dim=2, layout="[B, C]", hint=_INPUTS)
         check_tensor("target", target, dim=1, layout="[B]", hint=_INPUTS)
         if scores.shape[0] != target.shape[0]:
             raise ValueError(f"scores [B, C] and target [B] must agree in B, got {tuple(scores.shape)} and {tuple(target.shape)}")
-        values = self._values(scores.detach(), target)
+
+    def _add(self, values: torch.Tensor, scores: torch.Tensor) -> None:
+        """Accumulate the per-sample ``values`` [B] and the non-finite rows of ``scores``."""
         self.total += values.double().sum()
         self.count += values.numel()
         self.nonfinite += _nonfinite_rows(scores)
@@ -132,9 +140,27 @@ class ArgmaxMAE(_MeanMetric):
 
 
 class ExpectedRankMAE(_MeanMetric):
-    """``mean |sum_c softmax(scores)_c * c - target|`` in rank units."""
+    """``mean |sum_c softmax(scores)_c * c - target|`` in rank units, or ``mean |expected - target|``.
+
+    ``update(scores, target, expected=None)``: ``expected`` ``[B]`` is a model's own continuous
+    rank estimate when its scores are no class distribution (a regressor's output clamped to
+    ``[0, C-1]``, :class:`~cloc_lightning.methods.LinearRegressorModule`); a
+    :class:`~torchmetrics.MetricCollection` hands the keyword to this metric only.  Without it
+    (every classifier), the softmax expectation of ``scores``.  Rows of ``scores`` that are not
+    finite make the value NaN either way.
+    """
 
     higher_is_better = False
+
+    def update(self, scores: torch.Tensor, target: torch.Tensor, expected: torch.Tensor | None = None) -> None:
+        if expected is None:
+            super().update(scores, target)
+            return
+        self._check_inputs(scores, target)
+        check_tensor("expected", expected, dim=1, layout="[B]", hint="update(scores [B, C], target [B], expected [B])")
+        if expected.shape[0] != target.shape[0]:
+            raise ValueError(f"expected [B] and target [B] must agree in B, got {tuple(expected.shape)} and {tuple(target.shape)}")
+        self._add((expected.detach().float() - target.float()).abs(), scores)
 
     def _values(self, scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         ranks = torch.arange(scores.shape[1], device=scores.device, dtype=torch.float32)

@@ -1003,15 +1003,27 @@ class ClassifierModule(BaseModule):
         logits: torch.Tensor = self.head(self.backbone(x))
         return logits
 
+    def eval_outputs(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """``(loss, scores [B, C], metric keywords)`` of an evaluation batch: what validation and test log and score.
+
+        The default: the cross-entropy of the class scores ``self(x)`` (in float32), the scores
+        themselves and no keywords.  A module whose output is no class distribution overrides
+        it: :class:`~cloc_lightning.methods.LinearRegressorModule` returns its L1 loss, scores
+        whose arg-max is its nearest rank and ``{'expected': its clamped output}``, which
+        ``mae_expected`` reads instead of a softmax expectation (the keywords go to the metrics
+        whose ``update`` takes them, :class:`~cloc_lightning.metrics.ExpectedRankMAE`).
+        """
+        logits = self(x).float()
+        return F.cross_entropy(logits, y), logits, {}
+
     def _eval_step(self, batch: Any, metrics: MetricCollection | None, stage: str) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
-        logits = self(x)
-        loss = F.cross_entropy(logits.float(), y)
+        loss, scores, metric_kwargs = self.eval_outputs(x, y)
         self.log_eval_mean(f"{stage}/loss", loss, y.shape[0])
         if metrics is None:  # plain-Python use (no setup)
             val, test = self._make_metrics("ordinal" if self.task == "auto" else self.task)
-            metrics = (val if stage == "val" else test).to(logits.device)
-        metrics.update(logits.float(), y)
+            metrics = (val if stage == "val" else test).to(scores.device)
+        metrics.update(scores, y, **metric_kwargs)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=y.shape[0])
         return loss
 

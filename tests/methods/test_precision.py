@@ -8,7 +8,7 @@ The matrix (docs/reliability.md, "Precisions"):
   1x1 maps, where PyTorch's CPU bf16 convolutions used to give NaN gradients (``HalfSafeConv2d``).
 * ``16-mixed``: on a CPU Lightning runs it as ``bf16-mixed``; every module trains.
 * ``16-true``: refused at setup for the adaptive optimisers (adam, adamw, radam: eps underflows in float16),
-  naming the fix; the SGD modules (SupCon, SimCLR, linear probe; CE with ``optimizer: sgd``) train.
+  naming the fix; the SGD modules (SupCon, SimCLR, linear probe, RnC, linear regressor; CE with ``optimizer: sgd``) train.
 * ``transformer-engine`` / ``transformer-engine-float16``: refused -- by Lightning when the Trainer is built
   (the ``transformer_engine`` package is absent), else by the module's setup (no CUDA device).
 """
@@ -31,7 +31,7 @@ from tests._reliability import MODULES, _make, _shapes, _trainer
 NAMES = list(MODULES)
 TRAINS = ["32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed"]
 #: the modules whose default optimiser is SGD: they train under 16-true
-SGD_MODULES = {"SupConModule-supcon", "SupConModule-simclr", "LinearProbeModule"}
+SGD_MODULES = {"SupConModule-supcon", "SupConModule-simclr", "LinearProbeModule", "RnCModule", "LinearRegressorModule"}
 
 
 class _Record(L.Callback):
