@@ -40,6 +40,7 @@ ORDER: dict[str, str] = {
     "cloc": "CLOC loss (ours vs the official algorithm)",
     "supcon": "SupCon loss (ours vs pytorch-metric-learning and SupContrast)",
     "sigmoid": "Sigmoid (ReLIC / SigLIP) loss (ours vs open_clip and the seed)",
+    "rnc": "Rank-N-Contrast loss (ours vs the authors' loop; SupCon beside it)",
     "lightning_overhead": "Lightning step overhead and EMA update",
     "throughput": "Training-step throughput (ours vs plain PyTorch vs lightly) and data pipeline",
 }

@@ -48,6 +48,27 @@ def test_expected_rank_mae_uses_softmax() -> None:
     assert float(m.compute()) == pytest.approx(0.6, abs=1e-6)
 
 
+def test_expected_rank_mae_takes_a_regressors_own_estimate() -> None:
+    """``expected`` (a regressor's clamped output) replaces the softmax expectation; the collection hands it to this metric only."""
+    target = torch.tensor([0, 1, 3])
+    scores = _one_hot_scores([0, 2, 3], 4)
+    expected = torch.tensor([0.25, 2.0, 2.5])
+    m = ordinal_metrics(4)
+    m.update(scores, target, expected=expected)
+    out = {k: float(v) for k, v in m.compute().items()}
+    assert out["mae_expected"] == pytest.approx((0.25 + 1.0 + 0.5) / 3)
+    assert out["mae"] == pytest.approx(1 / 3) and out["acc"] == pytest.approx(2 / 3)  # the arg-max metrics: from the scores
+    alone = ExpectedRankMAE()
+    alone.update(scores, target)  # without it: the softmax expectation, as before
+    probs = scores.softmax(dim=1).double().numpy()
+    assert float(alone.compute()) == pytest.approx(float(np.abs(probs @ np.arange(4) - target.numpy()).mean()), abs=1e-6)
+    nan = ExpectedRankMAE()
+    nan.update(torch.full((1, 4), float("nan")), torch.tensor([1]), expected=torch.tensor([1.0]))
+    assert math.isnan(float(nan.compute()))  # a non-finite row of scores is no prediction
+    with pytest.raises(ValueError, match=r"expected \[B\] and target \[B\] must agree in B"):
+        ExpectedRankMAE().update(scores, target, expected=torch.tensor([1.0]))
+
+
 def test_metrics_accumulate_over_batches_and_reset() -> None:
     m = ArgmaxMAE()
     m.update(_one_hot_scores([1], 3), torch.tensor([0]))
