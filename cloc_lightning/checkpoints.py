@@ -110,7 +110,10 @@ def checkpoint_mismatch(module_cls: type, module_hparams: Mapping[str, Any], che
     Classes match when one is the other or a subclass of it (by class path, so the
     checkpoint's class need not be importable); the architecture matches when
     ``backbone``, ``cifar_stem`` and ``backbone_kwargs`` are equal; ``num_classes`` (when both
-    sides have one) must be equal.
+    sides have one) must be equal, and so must every hyper-parameter that ``module_cls`` names in
+    its ``identity_hparams`` class attribute (when both sides have it; e.g.
+    :class:`~cloc_lightning.methods.OrdinalRegressionModule`'s ``head``, which decides what its
+    weights and outputs mean).
     """
     meta = _recorded(checkpoint)
     if meta is None:
@@ -139,6 +142,14 @@ def checkpoint_mismatch(module_cls: type, module_hparams: Mapping[str, Any], che
             f"the checkpoint was trained with num_classes={theirs_n}, but the configured model says "
             f"num_classes={own_n} (the data module must have {theirs_n} classes to evaluate or resume it)"
         )
+    their_hparams = checkpoint.get("hyper_parameters") or {}
+    for name in getattr(module_cls, "identity_hparams", ()):
+        theirs_v, own_v = their_hparams.get(name), module_hparams.get(name)
+        if theirs_v is not None and own_v is not None and theirs_v != own_v:
+            return (
+                f"the checkpoint was trained with {name}: {theirs_v}, but the configured {_short(own_path)} has "
+                f"{name}: {own_v} (set --model.{name} {theirs_v} to evaluate or resume it)"
+            )
     return None
 
 

@@ -28,8 +28,17 @@ from cloc_lightning.data import (
     SupConViews,
 )
 from cloc_lightning.data.transforms import ViewTransform
-from cloc_lightning.methods import CEModule, CLOCModule, LinearProbeModule, OrdinalCLIPModule, ReLICModule, SupConModule
-from cloc_lightning.methods import LinearRegressorModule, RnCModule
+from cloc_lightning.methods import (
+    CEModule,
+    CLOCModule,
+    LinearProbeModule,
+    LinearRegressorModule,
+    OrdinalCLIPModule,
+    OrdinalRegressionModule,
+    ReLICModule,
+    RnCModule,
+    SupConModule,
+)
 from tests.conftest import REPO, TINY_BACKBONE
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -113,6 +122,8 @@ MODULES: dict[str, tuple[Callable[..., L.LightningModule], Any, int]] = {
     "ReLICModule": (lambda n=4, **kw: ReLICModule(num_classes=n, task="ordinal", **RELIC_ARGS, **SMALL, **kw), "relic", 32),
     "RnCModule": (lambda n=4, **kw: RnCModule(lr=0.05, num_classes=n, task="ordinal", **SMALL, **kw), 2, 32),
     "LinearRegressorModule": (lambda n=4, **kw: LinearRegressorModule(num_classes=n, encoder_ckpt=str(FIXTURE_CKPT), **kw), None, 32),
+    "OrdinalRegressionModule-corn": (lambda n=4, **kw: OrdinalRegressionModule(num_classes=n, head="corn", **SMALL, **kw), None, 32),
+    "OrdinalRegressionModule-coral": (lambda n=4, **kw: OrdinalRegressionModule(num_classes=n, head="coral", **SMALL, **kw), None, 32),
 }
 
 

@@ -6,6 +6,7 @@ from cloc_lightning.methods.cloc import CLOCModule
 from cloc_lightning.methods.linear_probe import LinearProbeModule
 from cloc_lightning.methods.linear_regressor import LinearRegressorModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
+from cloc_lightning.methods.ordinal_regression import OrdinalRegressionModule
 from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.methods.relic import ReLICModule
 from cloc_lightning.methods.rnc import RnCModule
@@ -16,3 +17,4 @@ __all__ += ["LinearProbeModule", "SupConModule"]
 __all__ += ["OrdinalCLIPModule"]
 __all__ += ["ReLICModule"]
 __all__ += ["RnCModule", "LinearRegressorModule"]
+__all__ += ["OrdinalRegressionModule"]

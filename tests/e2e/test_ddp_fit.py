@@ -191,6 +191,12 @@ def _relic(work: Path) -> tuple[L.LightningModule, L.LightningDataModule]:
     return model, shapes(views=MultiCropViews(num_global_views=2, num_local_views=0))
 
 
+def _ordinal_regression(work: Path, head: str) -> tuple[L.LightningModule, L.LightningDataModule]:
+    from cloc_lightning.methods import OrdinalRegressionModule
+
+    return OrdinalRegressionModule(num_classes=CLASSES, head=head, backbone=TINY_BACKBONE, lr=1e-3), shapes()
+
+
 METHODS: dict[str, Callable[[Path], tuple[L.LightningModule, L.LightningDataModule]]] = {
     "ce": _ce,
     "cloc_logits": _cloc,
@@ -200,10 +206,12 @@ METHODS: dict[str, Callable[[Path], tuple[L.LightningModule, L.LightningDataModu
     "linear_probe": _linear_probe,
     "ordinal_clip": _ordinal_clip,
     "relic": _relic,
+    "corn": lambda work: _ordinal_regression(work, "corn"),
+    "coral": lambda work: _ordinal_regression(work, "coral"),
 }
 #: gathers with gradients per training step (each holds both ranks' rows); 0 = none expected
 GATHERS_PER_STEP = {"ce": 0, "cloc_logits": 1, "cloc_features": 1, "supcon": 1, "simclr": 1, "linear_probe": 0,
-                    "ordinal_clip": 0, "relic": 4}
+                    "ordinal_clip": 0, "relic": 4, "corn": 0, "coral": 0}
 
 
 def _available(name: str) -> bool:

@@ -187,6 +187,14 @@ def _ce(name: str, tmp: Path, tv: Path) -> None:
     check_fit(fit(f"ce/{name}", tmp, *extra, epochs=2), tmp, Expect(epochs=2))
 
 
+def _ordinal_regression(method: str, name: str, tmp: Path) -> None:
+    """CORN / CORAL (the CE configs with the K - 1 task head): the fit, and the papers' rank metric in the test table."""
+    extra = {"demo.yaml": [], "utkface.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"]}[name]
+    result = fit(f"{method}/{name}", tmp, *extra, epochs=2)
+    check_fit(result, tmp, Expect(epochs=2))
+    assert "test/mae_rank" in printed_test_metrics(result.stdout), result.stdout[-2000:]
+
+
 def _cloc_demo(tmp: Path) -> None:
     """Phase one + freeze at epoch 1 in one run (the main job), then demo_phase2 from its margin YAML and weights."""
     one = check_fit(fit("cloc/demo.yaml", tmp, *FREEZE_AT_1, epochs=3), tmp, Expect(epochs=3, cloc_freeze=True))
@@ -316,6 +324,8 @@ def test_shipped_config_runs(config: str, tmp_path: Path, torchvision_files: Pat
         _relic(name, tmp_path, torchvision_files)
     elif method == "ordinal_clip":
         _ordinal_clip(name, tmp_path)
+    elif method in ("corn", "coral"):
+        _ordinal_regression(method, name, tmp_path)
     else:
         raise AssertionError(f"no end-to-end case for the shipped config {config}: add one")
 
@@ -331,6 +341,9 @@ DDP_CASES = {
     "supcon": ("supcon/cifar10.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "8"],
                Expect(epochs=3, tests=False, confusion=False)),
     "relic": ("relic/demo.yaml", ["--data.batch_size", "16"], Expect(epochs=3, confusion=False)),
+    # CORN / CORAL: the rank metric (RankMAE) and the evaluation loss summed over both ranks
+    "corn": ("corn/demo.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "16"], Expect(epochs=3)),
+    "coral": ("coral/demo.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "16"], Expect(epochs=3)),
     "ordinal_clip": ("ordinal_clip/utkface.yaml",
                      ["--model.num_classes", "8", "--data", "cloc_lightning.data.OrdinalShapesDataModule", "--data.num_classes", "8",
                       "--data.image_size", "32", "--data.batch_size", "8"], Expect(epochs=3)),
