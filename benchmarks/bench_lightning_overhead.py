@@ -33,7 +33,7 @@ is reported.  Trainer construction and ``setup`` happen before the timed epoch.
 **EMA update.**  ``target = m * target + (1 - m) * online`` over every parameter and floating-point
 buffer (integer buffers copied), as ReLIC's target network: one ``torch._foreach_lerp_`` over all
 tensors vs a Python loop of per-tensor ``lerp_``, and ReLICModule's own update
-(:func:`cloc_lightning.methods.relic.ema_update_`, ``_foreach`` per dtype group, with its shape
+(:func:`cloc_lightning.nn.ema.ema_update_`, ``_foreach`` per dtype group, with its shape
 checks) when it is importable.  All variants must produce the same target (checked).
 """
 
@@ -243,7 +243,7 @@ def ema_update_foreach(target: nn.Module, online: nn.Module, momentum: float) ->
 
     Parameters and floating-point buffers are lerped by one ``torch._foreach_lerp_``; integer
     buffers (BatchNorm's ``num_batches_tracked``) are copied.  The semantics of
-    :func:`cloc_lightning.methods.relic.ema_update_`.
+    :func:`cloc_lightning.nn.ema.ema_update_`.
     """
     t_all = list(target.parameters()) + list(target.buffers())
     o_all = list(online.parameters()) + list(online.buffers())
@@ -265,9 +265,9 @@ def ema_update_loop(target: nn.Module, online: nn.Module, momentum: float) -> No
 
 
 def _relic_update() -> Callable[[nn.Module, nn.Module, float], None] | None:
-    """ReLICModule's own EMA update (:func:`cloc_lightning.methods.relic.ema_update_`) as ``fn(target, online, momentum)``."""
+    """ReLICModule's own EMA update (:func:`cloc_lightning.nn.ema.ema_update_`) as ``fn(target, online, momentum)``."""
     try:
-        from cloc_lightning.methods.relic import ema_update_
+        from cloc_lightning.nn.ema import ema_update_
     except ImportError:
         return None
     return lambda target, online, momentum: ema_update_([online], [target], momentum)

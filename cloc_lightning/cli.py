@@ -30,11 +30,10 @@ import difflib
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import yaml
-from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -48,12 +47,12 @@ from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.commands import COMMANDS
 from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
 
-__all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "CLOCHelpFormatter", "RunConfigSaver", "RunFolderInUseError",
-           "MissingWeightsError", "main", "EXTRA_COMMANDS", "find_last_checkpoint", "packaged_config_fallback",
-           "rst_to_text"]
+__all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
+           "main", "packaged_config_fallback"]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -61,11 +60,6 @@ TRAINER_DEFAULTS: dict[str, Any] = {
         "init_args": {"save_dir": "runs", "name": "default"},
     },
 }
-
-#: the sub-commands beside LightningCLI's (``probe``, ``export-prototypes``, ``configs``): the registry of
-#: :mod:`cloc_lightning.commands` (this name is kept for older code that registers commands here)
-EXTRA_COMMANDS: dict[str, Callable[[list[str] | None], Any]] = COMMANDS
-
 
 #: model arguments that say how a run executes, not what the model is (speed options): a run resumed
 #: with ``--ckpt_path`` takes them from its command line / config, not from the checkpoint
@@ -102,37 +96,6 @@ class RunFolderError(NotADirectoryError):
 
 
 # ---------------------------------------------------------------------------------------------- help text
-_RST_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`~?([^`<]*?)\s*(?:<([^`>]*)>)?`")
-_RST_LITERAL = re.compile(r"``(.+?)``")
-
-
-def rst_to_text(text: str) -> str:
-    """Docstring reST as a terminal shows it: ``:class:`~a.b.C``` -> ``C``, ``:mod:`a.b``` -> ``a.b``,
-    ```` ``x`` ```` -> ``x``, ``:ref:`text <target>``` -> ``text``; anything else is left as written."""
-
-    def role(m: re.Match[str]) -> str:
-        shown = m.group(1).strip()
-        whole = m.group(0)
-        if "`~" in whole and not m.group(2):
-            shown = shown.rsplit(".", 1)[-1]
-        return shown or (m.group(2) or "").strip()
-
-    return _RST_LITERAL.sub(r"\1", _RST_ROLE.sub(role, text))
-
-
-class CLOCHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help formatter with the docstrings' reST markup (roles, double-backtick literals) as plain text."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        return rst_to_text(super()._get_help_string(action))
-
-    def add_text(self, text: str | None) -> None:
-        super().add_text(rst_to_text(text) if text else text)
-
-    def start_section(self, heading: str | None) -> None:
-        super().start_section(rst_to_text(heading) if heading else heading)
-
-
 def _summary(fn: Any) -> str:
     """The first sentence of ``fn``'s docstring (its first paragraph, joined, up to the first ``. ``)."""
     doc = (getattr(fn, "__doc__", None) or "").strip()
@@ -490,7 +453,7 @@ class CLOCLightningCLI(LightningCLI):
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         _first_sentence_summaries(self.parser, self.subcommands())
-        extra = "\n".join(f"  {name:<18} {_first_line(fn)}" for name, fn in EXTRA_COMMANDS.items())
+        extra = "\n".join(f"  {name:<18} {_first_line(fn)}" for name, fn in COMMANDS.items())
         self.parser.epilog = (
             f"other commands (not LightningCLI sub-commands; each has its own --help):\n{extra}\n\n"
             "--debug (anywhere on the command line) shows full tracebacks instead of the short error message."
@@ -819,7 +782,7 @@ def main(args: list[str] | None = None) -> None:
 
     Errors that the library raises with a message naming the fix are printed as one short
     ``error:`` line (exit code 1), for LightningCLI's sub-commands and the extra ones
-    (:data:`EXTRA_COMMANDS`) alike; ``--debug`` anywhere on the command line (or
+    (:data:`~cloc_lightning.commands.COMMANDS`) alike; ``--debug`` anywhere on the command line (or
     ``CLOC_LIGHTNING_DEBUG=1``) shows the full traceback instead.  A ``--config`` naming a
     shipped config that is not a file here uses the packaged file (:func:`packaged_config_fallback`).
     """
@@ -829,8 +792,8 @@ def main(args: list[str] | None = None) -> None:
     try:
         if not argv or argv[0] != "configs":
             argv = packaged_config_fallback(argv)
-        if argv and argv[0] in EXTRA_COMMANDS:
-            EXTRA_COMMANDS[argv[0]](argv[1:])
+        if argv and argv[0] in COMMANDS:
+            COMMANDS[argv[0]](argv[1:])
             return
         _check_no_lightning_optimizer_keys(argv)
         CLOCArgumentParser.full_errors = debug

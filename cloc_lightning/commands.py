@@ -5,9 +5,9 @@ Each command is a function ``command(argv) -> result`` that parses its own argum
 :data:`COMMANDS` and lists them in its ``--help``.  The work itself is done by library code
 (:func:`cloc_lightning.probe.probe_checkpoint`,
 :meth:`~cloc_lightning.methods.ordinal_clip.OrdinalCLIPModule.export_prototypes`,
-:mod:`cloc_lightning.configs`); this module is
-the top layer: it imports methods and the probe library, and nothing in the package imports it
-except the CLI.  How to use them: ``docs/cli.md``.
+:mod:`cloc_lightning.configs`); this module is the
+layer under the CLI: it imports methods and the probe library, and nothing in the package imports
+it except the CLI (its help formatter lives in :mod:`cloc_lightning.helptext`).  How to use them: ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from torch import nn
 import cloc_lightning.data  # noqa: F401  (registers the data modules for --data)
 from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.helptext import CLOCHelpFormatter
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototypes import PrototypeClassifier
 from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint
 
-__all__ = ["COMMANDS", "probe_main", "export_prototypes_main", "configs_main"]
+__all__ = ["COMMANDS", "probe_main", "export_prototypes_main"]
 
 
 # ---------------------------------------------------------------- probe
@@ -43,8 +44,6 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     ``--preset`` (:data:`~cloc_lightning.probe.PROBE_PRESETS`) sets ``C``, ``max_iter``,
     ``normalize``, ``standardize`` and ``calibrated``; any of them given explicitly overrides it.
     """
-    from cloc_lightning.cli import CLOCHelpFormatter  # plain-text help (the CLI module imports this one at its top)
-
     parser = ArgumentParser(
         prog="cloc-lightning probe",
         formatter_class=CLOCHelpFormatter,

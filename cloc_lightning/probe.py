@@ -2,7 +2,8 @@
 
 Three layers, usable on their own:
 
-* **Encoders from checkpoints** -- :func:`load_encoder` / :func:`encoder_state_dict`
+* **Encoders from checkpoints** -- :func:`~cloc_lightning.checkpoints.load_encoder` /
+  :func:`~cloc_lightning.checkpoints.encoder_state_dict` (:mod:`cloc_lightning.checkpoints`)
   find the evaluation encoder of a checkpoint of any of our pre-training modules
   (SupCon/SimCLR, CE, CLOC, ReLIC, ...) and the timm architecture to rebuild it.
   Which weights form "the encoder" is a per-module decision (ReLIC evaluates the
@@ -28,8 +29,8 @@ The encoder hook
 ----------------
 For a checkpoint, the module class that wrote it is looked up (from the
 ``'cloc_lightning/encoder'`` entry that modules write in ``on_save_checkpoint`` via
-:func:`encoder_metadata`, or from the ``_class_path`` hyper-parameter LightningCLI
-stores).  Then, in order:
+:func:`~cloc_lightning.checkpoints.encoder_metadata`, or from the ``_class_path``
+hyper-parameter LightningCLI stores).  Then, in order:
 
 1. the class defines a classmethod ``encoder_state_dict(checkpoint) -> dict`` that
    returns the encoder's weights (keys as in the bare encoder, e.g. ``conv1.weight``);
@@ -51,16 +52,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cloc_lightning.checkpoints import (
-    DEFAULT_ENCODER_PREFIX,
-    ENCODER_META_KEY,
-    EncoderCheckpoint,
-    build_encoder,
-    encoder_metadata,
-    encoder_state_dict,
-    load_encoder,
-    load_encoder_weights,
-)
+from cloc_lightning.checkpoints import build_encoder, load_encoder
 from cloc_lightning.validation import check_choice
 
 __all__ = [
@@ -68,19 +60,10 @@ __all__ = [
     "ProbeSplit",
     "ProbePreset",
     "probe_settings",
-    "ENCODER_META_KEY",
-    "DEFAULT_ENCODER_PREFIX",
-    "EncoderCheckpoint",
-    "encoder_metadata",
-    "encoder_state_dict",
-    "load_encoder",
-    "load_encoder_weights",
-    "build_encoder",
     "extract_features",
     "logistic_regression_probe",
     "labelled_loader",
     "probe_checkpoint",
-    "main",
 ]
 
 #: named probe protocols: the settings of :func:`logistic_regression_probe` / :func:`extract_features`
@@ -303,15 +286,3 @@ def probe_checkpoint(
     result.update({"encoder": enc.source, "backbone": enc.backbone, "split": split, "preset": preset or "default",
                    "settings": settings})
     return result
-
-
-# ----------------------------------------------------------------- command
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``cloc-lightning probe``; kept here for older imports, the command is :func:`cloc_lightning.commands.probe_main`."""
-    from cloc_lightning.commands import probe_main  # the command module imports this library, not the reverse
-
-    return probe_main(argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -1,50 +1,234 @@
-"""The package's layering (docs/extending.md, "Architecture"): a module imports only from its own layer and the layers below."""
+"""The package's layering (docs/extending.md, "Architecture").
+
+A module imports only from its own layer and the layers below, no two modules import each other (directly or
+round a longer circle), and every name has one home: a module's ``__all__`` lists what it defines, not names
+imported from elsewhere (only the packages' ``__init__`` files gather the public API).  The import graph is
+read statically from the sources, every import counted wherever it stands: at the top, inside a function or
+under ``if TYPE_CHECKING:``.
+"""
 
 from __future__ import annotations
 
 import ast
+import itertools
+from pathlib import Path
 
 from tests.conftest import REPO
 
-#: top-level module or subpackage -> layer (0 = top); README's Architecture table in the same order
+PACKAGE = "cloc_lightning"
+
+#: top-level module or subpackage -> layer (0 = top); docs/extending.md's Architecture table in the same order
 LAYERS = {
-    "cli": 0, "commands": 0, "probe": 0, "__main__": 0,
-    "methods": 1,
-    "callbacks": 2,
-    "data": 3,
-    "checkpoints": 4, "resume": 4,
-    "nn": 5,
-    "losses": 6,
-    "validation": 7, "checks": 7, "metrics": 7, "distributed": 7, "plots": 7, "_logging": 7, "configs": 7, "precision": 7,
+    "__main__": 0,
+    "cli": 0,
+    "commands": 1,
+    "probe": 2,
+    "methods": 3,
+    "callbacks": 4,
+    "data": 5,
+    "checkpoints": 6,
+    "resume": 6,
+    "nn": 7,
+    "losses": 8,
+    "validation": 9,
+    "checks": 9,
+    "metrics": 9,
+    "distributed": 9,
+    "plots": 9,
+    "_logging": 9,
+    "configs": 9,
+    "precision": 9,
+    "helptext": 9,
 }
 
 
-def _layer(module: str) -> int:
-    return LAYERS[module.split(".")[1]]
+def _module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the package under ``root`` (a package: its ``__init__``)."""
+    files = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
 
 
-def test_imports_point_down() -> None:
-    package = REPO / "cloc_lightning"
-    upward = []
-    for path in sorted(package.rglob("*.py")):
-        rel = path.relative_to(REPO).with_suffix("")
-        if rel.name == "__init__" and len(rel.parts) == 2:
-            continue  # the package's own __init__ re-exports the public API
-        module = ".".join(rel.parts)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+def import_graph(root: Path = REPO) -> dict[str, dict[str, int]]:
+    """``{module: {imported package module: line of the first such import}}`` over every import statement."""
+    files = _module_files(root)
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolved against the importing module's package
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from pkg import mod` imports the module pkg.mod; `from mod import name` the module mod
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
             else:
                 continue
             for target in targets:
-                if target.startswith("cloc_lightning.") and _layer(target) < _layer(module):
-                    upward.append(f"{module}:{node.lineno} imports {target}")
+                while target and target not in files:  # `import pkg.mod.attr`-like spellings: the module part
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Circles ``[a, b, ..., a]`` of modules that import each other: in each strongly connected set, the shortest through each member."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles: list[list[str]] = []
+    for component in components:  # the shortest circle through each member (breadth first), each circle once
+        members = set(component)
+        for start in component:
+            paths = {start: [start]}
+            queue = [start]
+            cycle: list[str] | None = None
+            while queue and cycle is None:
+                v = queue.pop(0)
+                for w in sorted(graph[v]):
+                    if w == start:
+                        cycle = [*paths[v], start]
+                        break
+                    if w in members and w not in paths:
+                        paths[w] = [*paths[v], w]
+                        queue.append(w)
+            assert cycle is not None
+            if not any(set(cycle) == set(c) and len(c) == len(cycle) for c in cycles):
+                cycles.append(cycle)
+    return cycles
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)) + f" -> {cycle[-1]}"
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _layer(module: str) -> int:
+    return LAYERS[_top(module)]
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``'a:line imports b'`` for each import of a module on a higher layer than the importer's."""
+    upward = []
+    for module, edges in sorted(graph.items()):
+        if module == PACKAGE:
+            continue  # the package's own __init__ (version, logging filters) belongs to no layer
+        for target, line in sorted(edges.items()):
+            if target != PACKAGE and _layer(target) < _layer(module):
+                upward.append(f"{module}:{line} imports {target}")
+    return upward
+
+
+def test_imports_point_down() -> None:
+    upward = upward_imports(import_graph())
     assert not upward, "imports that point up the layers (see docs/extending.md, Architecture):\n" + "\n".join(upward)
 
 
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    cycles = [_describe(c, graph) for c in import_cycles(graph)]
+    assert not cycles, "modules that import each other:\n" + "\n".join(cycles)
+
+
+def test_no_import_cycles_between_layer_units() -> None:
+    """Importing ``pkg.mod`` runs ``pkg/__init__`` too: the top-level units (``methods``, ``probe``, ...) form no circle."""
+    graph = import_graph()
+    units: dict[str, dict[str, int]] = {}
+    for module, edges in graph.items():
+        if module == PACKAGE:
+            continue
+        unit = units.setdefault(_top(module), {})
+        for target, line in edges.items():
+            if target != PACKAGE and _top(target) != _top(module):
+                unit.setdefault(_top(target), line)
+    cycles = [" -> ".join(c) for c in import_cycles(units)]
+    assert not cycles, "parts of the package that import each other:\n" + "\n".join(cycles)
+
+
+def test_all_lists_only_names_defined_here() -> None:
+    """One name, one home: outside the packages' ``__init__`` files, ``__all__`` names what the module defines."""
+    foreign = []
+    for module, path in _module_files(REPO).items():
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        defined: set[str] = set()
+        exported: list[str] = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                defined |= names
+                if "__all__" in names and isinstance(node.value, (ast.List, ast.Tuple)):
+                    exported += [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+        foreign += [f"{module}.__all__: {name}" for name in exported if name not in defined]
+    assert not foreign, "names exported by a module that does not define them (import them from their home):\n" + "\n".join(foreign)
+
+
 def test_every_module_has_a_layer() -> None:
-    tops = {p.stem if p.is_file() else p.name for p in (REPO / "cloc_lightning").iterdir()
-            if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file()))}
+    tops = {
+        p.stem if p.is_file() else p.name
+        for p in (REPO / PACKAGE).iterdir()
+        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file()))
+    }
     assert tops - {"__init__"} <= set(LAYERS), sorted(tops - {"__init__"} - set(LAYERS))
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """The reader counts function-level, ``TYPE_CHECKING``, ``from pkg import mod`` and relative imports."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from cloc_lightning.sub.b import B\n")
+    (pkg / "a.py").write_text("def f():\n    from cloc_lightning.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C\nclass B: ...\n")
+    (pkg / "sub" / "c.py").write_text("import cloc_lightning.a\n")
+    graph = import_graph(tmp_path)
+    assert graph == {
+        "cloc_lightning": {},
+        "cloc_lightning.a": {"cloc_lightning.sub.b": 2},
+        "cloc_lightning.sub": {"cloc_lightning.sub.b": 1},
+        "cloc_lightning.sub.b": {"cloc_lightning.sub.c": 3},
+        "cloc_lightning.sub.c": {"cloc_lightning.a": 1},
+    }
+    assert import_cycles(graph) == [["cloc_lightning.a", "cloc_lightning.sub.b", "cloc_lightning.sub.c", "cloc_lightning.a"]]

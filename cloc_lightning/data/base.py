@@ -68,13 +68,9 @@ __all__ = [
     "config_errors",
     "check_val_fraction",
     "BadFiles",
-    "Task",
     "integer_label",
     "class_order",
     "to_rgb",
-    # exact resume, defined in cloc_lightning.resume (re-exported: the data modules build their loaders from them)
-    "EpochShuffleSampler",
-    "ResumableDataLoader",
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")

@@ -54,11 +54,6 @@ __all__ = [
     "OrdinalCLIPModule",
     "ImageEncoderKind",
     "HeadKind",
-    # network modules, defined in cloc_lightning.nn.prototypes (re-exported for older imports)
-    "RankPromptHead",
-    "LinearPrototypeHead",
-    "ProjectedEncoder",
-    "MAX_LOGIT_SCALE",
 ]
 
 #: the image encoder: CLIP's visual tower, or a timm backbone projected to the CLIP width

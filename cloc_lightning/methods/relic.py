@@ -40,22 +40,11 @@ from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.base import OptimizerName, SchedulerName
 from cloc_lightning.methods.pretrain import PretrainModule
-from cloc_lightning.nn.ema import (  # re-exported: their home was this module
-    BetaSchedule,
-    EMATarget,
-    copy_module_state_,
-    cosine_beta,
-    ema_update_,
-    scl_train_beta,
-    scl_train_beta_horizon,
-)
+from cloc_lightning.nn.ema import BetaSchedule, EMATarget
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int
 
-__all__ = [
-    "ReLICModule", "cosine_beta", "cosine_gamma", "scl_train_beta", "scl_train_beta_horizon", "ema_update_",
-    "copy_module_state_",
-]
+__all__ = ["ReLICModule", "cosine_gamma"]
 
 Negatives = Literal["mini_batch", "full_batch"]
 EncoderBN = Literal["train", "frozen_stats"]

@@ -35,17 +35,16 @@ from typing import Any, Literal
 
 from torch import nn
 
-# the project's one error for "weights not available", and its offline / reachability checks;
-# HUB_PROBE_TIMEOUT_S is re-exported so that ``clip.HUB_PROBE_TIMEOUT_S = 1.0`` sets this module's probe
-from cloc_lightning.nn.hub import HUB_PROBE_TIMEOUT_S, PretrainedUnavailableError, hub_offline, unreachable_reason
+# the project's one error for "weights not available", and its offline / reachability checks; the probe's
+# timeout is read from the hub module at each call (``cloc_lightning.nn.hub.HUB_PROBE_TIMEOUT_S = 1.0`` sets it)
+from cloc_lightning.nn import hub
+from cloc_lightning.nn.hub import PretrainedUnavailableError, hub_offline, unreachable_reason
 from cloc_lightning.validation import check_choice
 
 __all__ = [
-    "PretrainedUnavailableError",
     "load_clip",
     "resolve_clip_model",
     "build_open_clip_visual",
-    "HUB_PROBE_TIMEOUT_S",
     "Precision",
 ]
 
@@ -130,11 +129,12 @@ def _resolve_tag(clip_model: str, tag: str, cfg: dict[str, Any], cache_dir: str 
             f"pretrained={tag!r} for {clip_model!r} is not cached ({'; '.join(where)}) and "
             f"HF_HUB_OFFLINE is set, so it cannot be downloaded. {_fix_hint(clip_model, tag)}"
         )
-    err = unreachable_reason(probe_url, HUB_PROBE_TIMEOUT_S)
+    timeout = hub.HUB_PROBE_TIMEOUT_S
+    err = unreachable_reason(probe_url, timeout)
     if err is not None:
         raise PretrainedUnavailableError(
             f"pretrained={tag!r} for {clip_model!r} is not cached ({'; '.join(where)}) and "
-            f"{probe_url} cannot be reached within {HUB_PROBE_TIMEOUT_S:g} s ({err}); no network? "
+            f"{probe_url} cannot be reached within {timeout:g} s ({err}); no network? "
             f"{_fix_hint(clip_model, tag)}"
         )
     return None  # reachable: let open_clip download it
@@ -248,7 +248,7 @@ def load_clip(
             (QuickGELU or not) no variant of ``clip_model`` has.
         PretrainedUnavailableError (``cloc_lightning.nn.hub``, a RuntimeError): a tag that is not cached while offline
             (``HF_HUB_OFFLINE=1``) or while its host cannot be reached within
-            :data:`HUB_PROBE_TIMEOUT_S` seconds.
+            :data:`~cloc_lightning.nn.hub.HUB_PROBE_TIMEOUT_S` seconds.
 
     Example:
         >>> model, tokenizer = load_clip("ViT-S-32-alt", pretrained=None)  # doctest: +SKIP
@@ -299,7 +299,7 @@ def build_open_clip_visual(
     """Build (randomly initialised) the visual tower of an open_clip architecture, without its text tower.
 
     Used to re-create an exported image encoder before loading its state dict
-    (see :class:`cloc_lightning.nn.prompt_learner.PrototypeClassifier`).
+    (see :class:`cloc_lightning.nn.prototypes.PrototypeClassifier`).
 
     Args:
         clip_model: open_clip model name whose ``embed_dim`` / ``vision_cfg`` / ``quick_gelu`` are used.

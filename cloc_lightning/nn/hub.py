@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Seconds :func:`unreachable_reason` waits by default (connect + first byte); module-level so
-#: users and tests can change it (:mod:`cloc_lightning.nn.clip` re-exports it under the same name).
+#: users and tests can change it (:mod:`cloc_lightning.nn.clip` reads it here at each call).
 HUB_PROBE_TIMEOUT_S: float = 3.0
 
 #: values of ``HF_HUB_OFFLINE`` that mean "on" (as ``huggingface_hub`` reads them)

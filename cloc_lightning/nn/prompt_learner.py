@@ -15,7 +15,7 @@ are linear interpolations of B ≤ R learnable *base* rank embeddings
 paper's "learnable rank embeddings" with interpolation).
 
 The prototype heads and the exported :class:`~cloc_lightning.nn.prototypes.PrototypeClassifier`
-live in :mod:`cloc_lightning.nn.prototypes`; their names are re-exported here for older imports.
+live in :mod:`cloc_lightning.nn.prototypes`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-# PrototypeClassifier & co. are re-exported: ``from cloc_lightning.nn.prompt_learner import PrototypeClassifier``
-from cloc_lightning.nn.prototypes import ENCODER_BUILDERS, PrototypeClassifier, logits_to_predictions, register_encoder_builder
 from cloc_lightning.nn.text_encoder import FrozenTextEncoder, bpe_ids, default_tokenizer, text_tower
 from cloc_lightning.validation import check_choice, check_int, choices
 
@@ -38,11 +36,6 @@ __all__ = [
     "RANK_POSITIONS",
     "rank_interpolation_weights",
     "RankPromptLearner",
-    "FrozenTextEncoder",
-    "PrototypeClassifier",
-    "ENCODER_BUILDERS",
-    "register_encoder_builder",
-    "logits_to_predictions",
 ]
 
 #: how the R rank embeddings are interpolated from the B base ones (:func:`rank_interpolation_weights`)

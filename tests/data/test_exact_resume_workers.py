@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from cloc_lightning.data import OrdinalShapesDataModule
-from cloc_lightning.data.base import EpochShuffleSampler, ResumableDataLoader, TransformedSubset
+from cloc_lightning.data.base import TransformedSubset
+from cloc_lightning.resume import EpochShuffleSampler, ResumableDataLoader
 from tests._reliability import RESUME_SETUPS, _cli_config, _fit_killed_at, _last_ckpt, assert_same
 from tests.conftest import run_cli
 

@@ -34,7 +34,7 @@ from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule
 from cloc_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from cloc_lightning.methods import ReLICModule
-from cloc_lightning.methods.relic import scl_train_beta, scl_train_beta_horizon
+from cloc_lightning.nn.ema import scl_train_beta, scl_train_beta_horizon
 from cloc_lightning.probe import PROBE_PRESETS, extract_features, logistic_regression_probe, probe_checkpoint, probe_settings
 from tests.conftest import REPO, TINY_BACKBONE
 

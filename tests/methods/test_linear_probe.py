@@ -12,18 +12,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_state_dict, load_encoder
 from cloc_lightning.cli import main
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
-from cloc_lightning.probe import (
-    ENCODER_META_KEY,
-    encoder_state_dict,
-    extract_features,
-    load_encoder,
-    logistic_regression_probe,
-    probe_checkpoint,
-)
+from cloc_lightning.probe import extract_features, logistic_regression_probe, probe_checkpoint
 from tests.conftest import TINY_BACKBONE, run_cli
 
 STAGE_ONE_YAML = """

@@ -11,11 +11,12 @@ import pytest
 import torch
 from torch import nn
 
+from cloc_lightning.checkpoints import ENCODER_META_KEY
 from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule, SupConViews
 from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 from cloc_lightning.methods import LinearProbeModule, ReLICModule
-from cloc_lightning.methods.relic import cosine_beta, cosine_gamma
-from cloc_lightning.probe import ENCODER_META_KEY
+from cloc_lightning.methods.relic import cosine_gamma
+from cloc_lightning.nn.ema import cosine_beta
 from tests.conftest import REPO, TINY_BACKBONE, run_cli
 
 QUIET = dict(online_probe=False, knn_k=0)

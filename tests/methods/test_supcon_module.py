@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cloc_lightning.checkpoints import ENCODER_META_KEY
 from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
 from cloc_lightning.losses.supcon import SupConLoss
 from cloc_lightning.methods import SupConModule
 from cloc_lightning.nn.online_probe import OnlineLinearProbe, _metric_values, knn_accuracy, knn_predict
-from cloc_lightning.probe import ENCODER_META_KEY
 from tests.conftest import TINY_BACKBONE
 
 

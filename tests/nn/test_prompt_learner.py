@@ -20,8 +20,9 @@ from open_clip.model import CLIPTextCfg, CLIPVisionCfg  # noqa: E402
 
 from benchmarks.reference.ordinal_clip import interpolation_weights_formula, ordinal_clip_loss_reference  # noqa: E402
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss  # noqa: E402
-from cloc_lightning.nn import clip as clip_mod  # noqa: E402
-from cloc_lightning.nn.clip import PretrainedUnavailableError, load_clip  # noqa: E402
+from cloc_lightning.nn import hub  # noqa: E402
+from cloc_lightning.nn.clip import load_clip  # noqa: E402
+from cloc_lightning.nn.hub import PretrainedUnavailableError  # noqa: E402
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights  # noqa: E402
 from cloc_lightning.nn.prototypes import PrototypeClassifier, logits_to_predictions  # noqa: E402
 
@@ -537,7 +538,7 @@ def test_load_clip_unreachable_hub_fails_fast(tiny_registered, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hfc, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hfc, "ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
-    monkeypatch.setattr(clip_mod, "HUB_PROBE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(hub, "HUB_PROBE_TIMEOUT_S", 1.0)
     with pytest.raises(PretrainedUnavailableError, match="cannot be reached"):
         load_clip("cloc-test-tiny", pretrained="fake", cache_dir=str(tiny_registered))
 
