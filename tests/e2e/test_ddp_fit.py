@@ -191,6 +191,19 @@ def _relic(work: Path) -> tuple[L.LightningModule, L.LightningDataModule]:
     return model, shapes(views=MultiCropViews(num_global_views=2, num_local_views=0))
 
 
+def _rnc(work: Path) -> tuple[L.LightningModule, L.LightningDataModule]:
+    from cloc_lightning.methods import RnCModule
+
+    return RnCModule(backbone=TINY_BACKBONE, lr=0.05), shapes(views=SupConViews(n_views=2))
+
+
+def _linear_regressor(work: Path) -> tuple[L.LightningModule, L.LightningDataModule]:
+    from cloc_lightning.methods import LinearRegressorModule
+
+    weights = work / "encoder.pt"  # written by the caller before the DDP processes start
+    return LinearRegressorModule(num_classes=CLASSES, encoder_ckpt=str(weights), backbone=TINY_BACKBONE), shapes()
+
+
 def _ordinal_regression(work: Path, head: str) -> tuple[L.LightningModule, L.LightningDataModule]:
     from cloc_lightning.methods import OrdinalRegressionModule
 
@@ -208,10 +221,12 @@ METHODS: dict[str, Callable[[Path], tuple[L.LightningModule, L.LightningDataModu
     "relic": _relic,
     "corn": lambda work: _ordinal_regression(work, "corn"),
     "coral": lambda work: _ordinal_regression(work, "coral"),
+    "rnc": _rnc,
+    "linear_regressor": _linear_regressor,
 }
 #: gathers with gradients per training step (each holds both ranks' rows); 0 = none expected
 GATHERS_PER_STEP = {"ce": 0, "cloc_logits": 1, "cloc_features": 1, "supcon": 1, "simclr": 1, "linear_probe": 0,
-                    "ordinal_clip": 0, "relic": 4, "corn": 0, "coral": 0}
+                    "ordinal_clip": 0, "relic": 4, "corn": 0, "coral": 0, "rnc": 1, "linear_regressor": 0}
 
 
 def _available(name: str) -> bool:
@@ -290,10 +305,10 @@ def check_method(name: str, ranks: list[dict[str, Any]], initial: L.LightningMod
         m0, m1 = (r["params"]["cloc_loss.learnables"] for r in ranks)
         assert torch.equal(m0, m1)
         assert not torch.allclose(m0, initial.cloc_loss.learnables.detach())
-    elif name in ("supcon", "simclr"):
+    elif name in ("supcon", "simclr", "rnc"):
         assert ranks[0]["gathers"][0] == (BATCH, 2 * BATCH)  # [b, n_views, dim]: one row per image
         assert any(k.startswith("probe.") for k in trainable)  # the online probe trained too
-    elif name == "linear_probe":
+    elif name in ("linear_probe", "linear_regressor"):
         assert all(k.startswith("head.") for k in trainable)
         frozen = {k: v for k, v in initial.state_dict().items() if k.startswith("backbone.")}
         for r in ranks:  # the frozen encoder (BatchNorm statistics included) did not move

@@ -195,6 +195,18 @@ def _ordinal_regression(method: str, name: str, tmp: Path) -> None:
     assert "test/mae_rank" in printed_test_metrics(result.stdout), result.stdout[-2000:]
 
 
+def _rnc(name: str, tmp: Path) -> None:
+    """Rank-N-Contrast stage one, then the L1 linear regressor on its frozen encoder (the config's commands)."""
+    extra = [] if name == "demo.yaml" else [*shared_root(UTKFACE), "--data.batch_size", "16"]
+    tests = "test_after_fit: true" in (CONFIGS / "rnc" / name).read_text()  # the demo tests its online probe
+    one = check_fit(fit(f"rnc/{name}", tmp, *extra, epochs=2), tmp, Expect(epochs=2, tests=tests, confusion=False))
+    linear = name.replace(".yaml", "_linear.yaml")
+    two = fit(f"rnc/{linear}", tmp, *extra, "--model.encoder_ckpt", str(one / "checkpoints" / "last.ckpt"), epochs=2)
+    check_fit(two, tmp, Expect(epochs=2))
+    assert "linear regressor: val/mae_expected final" in two.stdout, two.stdout[-2000:]
+    assert "test/mae_expected" in printed_test_metrics(two.stdout)
+
+
 def _cloc_demo(tmp: Path) -> None:
     """Phase one + freeze at epoch 1 in one run (the main job), then demo_phase2 from its margin YAML and weights."""
     one = check_fit(fit("cloc/demo.yaml", tmp, *FREEZE_AT_1, epochs=3), tmp, Expect(epochs=3, cloc_freeze=True))
@@ -297,6 +309,8 @@ CHAINED = {
     "linear_probe/cifar10.yaml": "supcon/cifar10.yaml",
     "linear_probe/cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
     "linear_probe/probe_cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
+    "rnc/demo_linear.yaml": "rnc/demo.yaml",
+    "rnc/utkface_linear.yaml": "rnc/utkface.yaml",
 }
 
 
@@ -326,6 +340,8 @@ def test_shipped_config_runs(config: str, tmp_path: Path, torchvision_files: Pat
         _ordinal_clip(name, tmp_path)
     elif method in ("corn", "coral"):
         _ordinal_regression(method, name, tmp_path)
+    elif method == "rnc":
+        _rnc(name, tmp_path)
     else:
         raise AssertionError(f"no end-to-end case for the shipped config {config}: add one")
 
@@ -341,6 +357,8 @@ DDP_CASES = {
     "supcon": ("supcon/cifar10.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "8"],
                Expect(epochs=3, tests=False, confusion=False)),
     "relic": ("relic/demo.yaml", ["--data.batch_size", "16"], Expect(epochs=3, confusion=False)),
+    # Rank-N-Contrast: the features of both ranks in every anchor's ranking (gather_distributed)
+    "rnc": ("rnc/demo.yaml", ["--data.batch_size", "16"], Expect(epochs=3, confusion=False)),
     # CORN / CORAL: the rank metric (RankMAE) and the evaluation loss summed over both ranks
     "corn": ("corn/demo.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "16"], Expect(epochs=3)),
     "coral": ("coral/demo.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "16"], Expect(epochs=3)),

@@ -51,6 +51,8 @@ FED_BY = {
     "linear_probe/cifar10.yaml": "supcon/cifar10.yaml",
     "linear_probe/cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
     "linear_probe/probe_cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
+    "rnc/demo_linear.yaml": "rnc/demo.yaml",
+    "rnc/utkface_linear.yaml": "rnc/utkface.yaml",
 }
 #: configs for ``cloc-lightning probe`` (scikit-learn on frozen features), not ``fit``
 PROBE_CONFIGS = {"linear_probe/probe_cifar10_cpu.yaml"}
