@@ -329,7 +329,7 @@ def encoder_state_dict(checkpoint: dict[str, Any], source: str = "checkpoint") -
     if not weights:
         raise ValueError(
             f"{source} holds no encoder weights ({where}); its weights start with {_prefixes(list(state))[:8]}. "
-            "Give a checkpoint of a pre-training module (SupConModule, CEModule, CLOCModule, ReLICModule, ...), "
+            "Give a checkpoint of a pre-training module (SupConModule, RnCModule, CEModule, CLOCModule, ReLICModule, ...), "
             "or a module that names its encoder with an encoder_prefix class attribute / encoder_state_dict classmethod."
         )
     return EncoderCheckpoint(

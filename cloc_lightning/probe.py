@@ -5,7 +5,7 @@ Three layers, usable on their own:
 * **Encoders from checkpoints** -- :func:`~cloc_lightning.checkpoints.load_encoder` /
   :func:`~cloc_lightning.checkpoints.encoder_state_dict` (:mod:`cloc_lightning.checkpoints`)
   find the evaluation encoder of a checkpoint of any of our pre-training modules
-  (SupCon/SimCLR, CE, CLOC, ReLIC, ...) and the timm architecture to rebuild it.
+  (SupCon/SimCLR, Rank-N-Contrast, CE, CLOC, ReLIC, ...) and the timm architecture to rebuild it.
   Which weights form "the encoder" is a per-module decision (ReLIC evaluates the
   EMA target's encoder, not the online one), made by a small hook described below.
 * **Features** -- :func:`extract_features` runs an encoder over a loader (eval mode,

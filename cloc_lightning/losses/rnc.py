@@ -1,6 +1,6 @@
 r"""Rank-N-Contrast (RnC): a contrastive loss that ranks samples by their label distance.
 
-Zha, Cao, Ding, Song, Wang, Katabi, "Rank-N-Contrast: Learning Continuous Representations for
+Zha, Cao, Son, Yang, Katabi, "Rank-N-Contrast: Learning Continuous Representations for
 Regression", NeurIPS 2023 (arXiv 2210.01189); reference code https://github.com/kaiwenzha/Rank-N-Contrast
 (``loss.py``: ``RnCLoss``).  For the ``M`` views in the batch (every image twice, under two
 augmentations), anchor ``i`` and any other view ``j``:

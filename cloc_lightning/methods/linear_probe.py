@@ -34,7 +34,8 @@ class LinearProbeModule(ClassifierModule):
     """A linear classifier with cross-entropy on the frozen encoder of a stage-one checkpoint.
 
     ``encoder_ckpt`` may come from any of our pre-training modules: SupCon/SimCLR
-    (:class:`~cloc_lightning.methods.SupConModule`), :class:`~cloc_lightning.methods.CEModule`,
+    (:class:`~cloc_lightning.methods.SupConModule`), Rank-N-Contrast (:class:`~cloc_lightning.methods.RnCModule`),
+    :class:`~cloc_lightning.methods.CEModule`,
     :class:`~cloc_lightning.methods.CLOCModule`, ReLIC (whose evaluation encoder is the
     EMA target's) -- :mod:`cloc_lightning.probe` describes how the encoder weights are
     found -- or a plain ``state_dict`` file of a timm encoder (then give ``backbone``).

@@ -116,7 +116,7 @@ def test_fit_logs_the_loss_and_the_online_probe_and_checkpoints_the_encoder(tmp_
     assert isinstance(model.projector, nn.Identity) and isinstance(model.criterion, RnCLoss)
     assert (model.criterion.temperature, model.criterion.label_distance, model.criterion.feature_similarity) == (2.0, "l1", "l2")
     before = [p.detach().clone() for p in model.backbone.parameters()]
-    trainer = _fit(model, _dm(), _trainer(tmp_path, max_epochs=2))
+    trainer = _fit(model, _dm(), _trainer(tmp_path))
     m = trainer.callback_metrics
     for key in ("train/loss", "train/online_probe/loss", "val/online_probe/acc", "val/online_probe/mae", "val/online_probe/qwk"):
         assert key in m and math.isfinite(float(m[key])), key
@@ -201,7 +201,7 @@ def test_stage_one_to_stage_two_through_checkpoints_keeps_the_encoder_frozen(sta
     state = model.backbone.state_dict()
     assert state.keys() == encoder.keys() and all(torch.equal(state[k], v) for k, v in encoder.items())
     head = model.head.weight.detach().clone()
-    trainer = _fit(model, _dm(None, augment="flip"), _trainer(tmp_path, max_epochs=2, enable_checkpointing=True))
+    trainer = _fit(model, _dm(None, augment="flip"), _trainer(tmp_path, enable_checkpointing=True))
     after = model.backbone.state_dict()  # weights and BatchNorm running statistics
     assert all(torch.equal(after[k], v) for k, v in encoder.items())
     assert not torch.equal(model.head.weight.detach(), head)
@@ -278,10 +278,12 @@ def test_bad_inputs_name_the_fix(stage_one: Path, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------ the shipped configs through the CLI
-TINY = ["--data.image_size", "16",
-        "--data.train_size", "32", "--data.val_size", "16", "--data.test_size", "16", "--data.batch_size", "8",
-        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", "runs"]
+TINY = [
+    "--data.image_size", "16", "--data.train_size", "32", "--data.val_size", "16", "--data.test_size", "16",
+    "--data.batch_size", "8", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+    "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1", "--trainer.enable_progress_bar", "false",
+    "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", "runs",
+]  # fmt: skip
 
 
 def test_demo_configs_both_stages_then_test_and_probe_through_the_cli(
@@ -303,7 +305,7 @@ def test_demo_configs_both_stages_then_test_and_probe_through_the_cli(
     main(["test", *stage_two, "--ckpt_path", str(best[-1])])
     assert "test/mae_expected" in capsys.readouterr().out
     main(["probe", "--ckpt", str(one / "last.ckpt"), "--data", "OrdinalShapesDataModule", "--data.num_classes", "6",
-          "--data.train_size", "48", "--data.test_size", "24", "--data.image_size", "16", "--data.num_workers", "0",
+          "--data.train_size", "24", "--data.test_size", "12", "--data.image_size", "16", "--data.num_workers", "0",
           "--data.batch_size", "16", "--output", str(tmp_path / "probe.json")])
     result = json.loads((tmp_path / "probe.json").read_text())
     assert 0.0 <= result["top1"] <= 1.0 and result["encoder"].endswith("RnCModule)")
