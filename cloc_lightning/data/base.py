@@ -29,6 +29,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -70,6 +71,8 @@ __all__ = [
     "BadFiles",
     "integer_label",
     "class_order",
+    "CSVRows",
+    "read_csv_rows",
     "to_rgb",
 ]
 
@@ -188,6 +191,74 @@ def class_order(labels: Sequence[str], task: Task, *, noun: str, where: str, key
         f"order, lowest first, e.g. --data.{key} '{_shown(found)}' rearranged into rank order (or set data.task: "
         "nominal if the classes have no order)"
     )
+
+
+@dataclass(frozen=True)
+class CSVRows:
+    """The rows of a CSV file with a header row, as :func:`read_csv_rows` read them."""
+
+    #: the CSV file
+    path: Path
+    #: the header's column names, stripped of surrounding white space
+    columns: list[str]
+    #: one ``{column: value}`` per row, values stripped ('' where a row has fewer fields than the header)
+    rows: list[dict[str, str]]
+    #: the CSV line number of each row (blank lines skipped), as error messages name the rows
+    lines: list[int]
+
+    def files(self, column: str, base: Path) -> list[str]:
+        """The paths of ``column``, relative to ``base`` (absolute paths stay as they are)."""
+        return [str(base / r[column]) for r in self.rows]
+
+    def missing(self, files: Sequence[str], column: str) -> list[int]:
+        """The indices of the rows whose path (``column``; its file in ``files``) is empty or not a file."""
+        return [i for i, (r, f) in enumerate(zip(self.rows, files, strict=True)) if not r[column] or not os.path.isfile(f)]
+
+    def describe(self, indices: Sequence[int], column: str, label: str | None = None, limit: int = 5) -> str:
+        """``line <n>: '<path>'`` (with ``label``: ``... (label '<v>')``) for the first ``limit`` of the rows
+        ``indices``, then ``; ... and <k> more row(s)``."""
+        shown = "; ".join(
+            f"line {self.lines[i]}: {self.rows[i][column]!r}" + (f" (label {self.rows[i][label]!r})" if label else "")
+            for i in indices[:limit]
+        )
+        return shown + (f"; ... and {len(indices) - limit} more row(s)" if len(indices) > limit else "")
+
+
+def read_csv_rows(
+    path: Path, columns: Sequence[str], *, name: str, fix: str, no_column: str, no_rows_fix: str = ""
+) -> CSVRows:
+    """Read the CSV file ``path`` (a header row, then one row per line) that must have ``columns``.
+
+    Column names and values are stripped of surrounding white space; a row with fewer fields
+    than the header reads '' for the rest, one with more has the extra fields ignored.
+
+    Args:
+        path: the CSV file.
+        columns: the column names it must have.
+        name: how error messages name the file (``"CSV file"``, ``"predict_root CSV"``).
+        fix: what to do when the file does not exist (the end of that message).
+        no_column: the message for a missing column, a ``str.format`` template with the fields
+            ``path``, ``column`` and ``columns`` (the header's names).
+        no_rows_fix: what to do when the file has no rows ('' for nothing).
+
+    Raises:
+        DataConfigError: the file does not exist, lacks one of ``columns`` or has no rows.
+    """
+    if not path.is_file():
+        raise DataConfigError(f"{name} {str(path)!r} does not exist; {fix}")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = [c.strip() for c in reader.fieldnames or []]
+        for column in columns:
+            if column not in header:
+                raise DataConfigError(no_column.format(path=str(path), column=column, columns=header))
+        rows, lines = [], []
+        for row in reader:
+            rows.append({k.strip(): (v or "").strip() for k, v in row.items() if isinstance(k, str)})
+            lines.append(reader.line_num)
+    if not rows:
+        raise DataConfigError(f"{name} {str(path)!r} has no rows" + (f"; {no_rows_fix}" if no_rows_fix else ""))
+    return CSVRows(path, header, rows, lines)
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -630,59 +701,45 @@ class BaseDataModule(L.LightningDataModule):
         return ImageFileDataset([str(p) for p in files], None, "raise")
 
     def _predict_csv(self, path: Path) -> ImageFileDataset:
-        if not path.is_file():
-            raise DataConfigError(
-                f"predict_root CSV {str(path)!r} does not exist; point data.predict_root at an existing .csv file "
-                "with a 'path' column, or at a folder of images"
-            )
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            fields = [c.strip() for c in reader.fieldnames or []]
-            if "path" not in fields:
-                raise DataConfigError(
-                    f"predict_root CSV {str(path)!r} has no 'path' column (columns: {fields}); give it a header row "
-                    "with a 'path' column of image paths relative to the CSV's folder (and optionally 'label')"
-                )
-            rows = [
-                (reader.line_num, {k.strip(): (v or "").strip() for k, v in r.items() if isinstance(k, str)})
-                for r in reader
-            ]
-        if not rows:
-            raise DataConfigError(f"predict_root CSV {str(path)!r} has no rows; list one image path per row")
-        files = [str(path.parent / r["path"]) for _, r in rows]
-        missing = [(line, r["path"]) for (line, r), f in zip(rows, files, strict=True) if not r["path"] or not os.path.isfile(f)]
+        table = read_csv_rows(
+            path, ["path"], name="predict_root CSV",
+            fix="point data.predict_root at an existing .csv file with a 'path' column, or at a folder of images",
+            no_column="predict_root CSV {path!r} has no {column!r} column (columns: {columns}); give it a header row "
+            "with a 'path' column of image paths relative to the CSV's folder (and optionally 'label')",
+            no_rows_fix="list one image path per row",
+        )
+        files = table.files("path", path.parent)
+        missing = table.missing(files, "path")
         if missing:
-            shown = "; ".join(f"line {line}: {p!r}" for line, p in missing[:5])
             raise DataConfigError(
                 f"{len(missing)} path(s) in predict_root CSV {str(path)!r} are not files (paths are relative to "
-                f"the CSV's folder {str(path.parent)!r}): {shown}{' ...' if len(missing) > 5 else ''}; "
-                "fix or remove those rows"
+                f"the CSV's folder {str(path.parent)!r}): {table.describe(missing, 'path')}; fix or remove those rows"
             )
-        if "label" not in fields:
+        if "label" not in table.columns:
             return ImageFileDataset(files, None, "raise")
-        return ImageFileDataset(files, self._predict_labels(path, rows), "raise")
+        return ImageFileDataset(files, self._predict_labels(table), "raise")
 
-    def _predict_labels(self, path: Path, rows: list[tuple[int, dict[str, str]]]) -> list[int]:
+    def _predict_labels(self, table: CSVRows) -> list[int]:
         """The ``label`` column of a predict CSV as class indices: integers in ``[0, num_classes)`` or class names."""
         n, names = self.num_classes, list(self.class_names)
-        values = [r["label"] for _, r in rows]
+        values = [r["label"] for r in table.rows]
         numeric = all(integer_label(v) is not None for v in values if v)
         lookup = {name: c for c, name in enumerate(names)}
         labels: list[int] = []
-        bad: list[str] = []
-        for (line, r), v in zip(rows, values, strict=True):
+        bad: list[int] = []
+        for i, v in enumerate(values):
             index = integer_label(v) if numeric and v else None
             if index is not None and 0 <= index < n:
                 labels.append(index)
             elif not numeric and v in lookup:
                 labels.append(lookup[v])
             else:
-                bad.append(f"line {line}: {r['path']!r} (label {v!r})")
+                bad.append(i)
         if bad:
             expected = f"integers in [0, {n})" if numeric else f"names from class_names {names[:10]}"
             raise DataConfigError(
-                f"{len(bad)} label(s) in predict_root CSV {str(path)!r} are not {expected}: "
-                f"{'; '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; fix those rows, or drop the 'label' column "
+                f"{len(bad)} label(s) in predict_root CSV {str(table.path)!r} are not {expected}: "
+                f"{table.describe(bad, 'path', 'label')}; fix those rows, or drop the 'label' column "
                 "to predict without targets"
             )
         return labels

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from typing import Any
 from cloc_lightning.data.base import (
     IMAGE_EXTENSIONS,
     BaseDataModule,
+    CSVRows,
     DataConfigError,
     ImageFileDataset,
     LabelledDataset,
@@ -21,6 +21,7 @@ from cloc_lightning.data.base import (
     hash_split,
     integer_label,
     is_number,
+    read_csv_rows,
 )
 from cloc_lightning.metrics import Task
 from cloc_lightning.validation import check_choice, check_int
@@ -217,40 +218,24 @@ class CSVDataModule(BaseDataModule):
         self.given_class_names = class_names
         self.given_num_classes = num_classes
         self.split_fractions = tuple(split_fractions)
-        self._rows: list[dict[str, str]] | None = None
-        self._lines: list[int] = []
+        self._table: CSVRows | None = None
         self._integer_labels = False
 
-    def _read_rows(self) -> list[dict[str, str]]:
-        if self._rows is not None:
-            return self._rows
-        path = Path(os.path.expanduser(self.csv_path))
-        if not path.is_file():
-            raise DataConfigError(f"CSV file {str(path)!r} does not exist; set data.csv_path")
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            fields = reader.fieldnames or []
-            for col in self.columns:
-                if col is not None and col not in fields:
-                    raise DataConfigError(f"column {col!r} not in {str(path)!r} (columns: {fields}); set the *_column arguments")
-            rows, lines = [], []
-            for row in reader:
-                rows.append(row)
-                lines.append(reader.line_num)
-        if not rows:
-            raise DataConfigError(f"CSV file {str(path)!r} has no rows")
-        self._rows, self._lines = rows, lines
-        return rows
+    def _read(self) -> CSVRows:
+        """The CSV's rows (read once; :func:`~cloc_lightning.data.base.read_csv_rows`)."""
+        if self._table is None:
+            self._table = read_csv_rows(
+                Path(os.path.expanduser(self.csv_path)), [c for c in self.columns if c is not None], name="CSV file",
+                fix="set data.csv_path",
+                no_column="column {column!r} not in {path!r} (columns: {columns}); set the *_column arguments",
+            )
+        return self._table
 
-    def _label_rows(self, wanted: Callable[[str], bool], limit: int = 5) -> str:
-        """``line <n>: <path> (label <v>)`` for the first ``limit`` rows whose stripped label satisfies ``wanted``."""
+    def _label_rows(self, wanted: Callable[[str], bool]) -> str:
+        """``line <n>: <path> (label <v>)`` for the first rows whose label satisfies ``wanted``."""
         path_col, label_col, _ = self.columns
-        rows = self._read_rows()  # fills self._lines
-        hits = [(line, r) for line, r in zip(self._lines, rows, strict=True) if wanted((r[label_col] or "").strip())]
-        shown = "; ".join(
-            f"line {line}: {r[path_col]!r} (label {(r[label_col] or '').strip()!r})" for line, r in hits[:limit]
-        )
-        return shown + (f"; ... and {len(hits) - limit} more row(s)" if len(hits) > limit else "")
+        table = self._read()
+        return table.describe([i for i, r in enumerate(table.rows) if wanted(r[label_col])], path_col, label_col)
 
     def _label_map(self) -> dict[str, int]:
         """Label -> class index, for every distinct (stripped) label of the label column.
@@ -263,7 +248,7 @@ class CSVDataModule(BaseDataModule):
         """
         label_col = self.columns[1]
         where = f"the {label_col!r} column of {self.csv_path!r}"
-        values = sorted({(r[label_col] or "").strip() for r in self._read_rows()})
+        values = sorted({r[label_col] for r in self._read().rows})
         if "" in values:
             raise DataConfigError(
                 f"{where} has empty labels: {self._label_rows(lambda v: not v)}; fill them in or remove those rows"
@@ -357,13 +342,11 @@ class CSVDataModule(BaseDataModule):
         image exists (the others are left out of every split, with one warning); otherwise, or
         when no image exists at all, a :class:`DataConfigError` with the count and the first rows.
         """
-        missing = [i for i, f in enumerate(files) if not os.path.isfile(f)]
+        table, path_col = self._read(), self.columns[0]
+        missing = table.missing(files, path_col)
         if not missing:
             return None
-        path_col = self.columns[0]
-        rows = self._read_rows()
-        shown = "; ".join(f"line {self._lines[i]}: {rows[i][path_col]!r}" for i in missing[:5])
-        shown += f"; ... and {len(missing) - 5} more" if len(missing) > 5 else ""
+        shown = table.describe(missing, path_col)
         what = f"{len(missing)} of {len(files)} image(s) listed in {self.csv_path!r} do not exist"
         where = f"(paths are relative to {str(base)!r}): {shown}"
         if len(missing) == len(files):
@@ -386,20 +369,21 @@ class CSVDataModule(BaseDataModule):
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
         mapping = self._label_map()
-        rows = self._read_rows()
-        base = Path(os.path.expanduser(self.root)) if self.root else Path(os.path.expanduser(self.csv_path)).parent
+        table = self._read()
+        rows = table.rows
+        base = Path(os.path.expanduser(self.root)) if self.root else table.path.parent
         path_col, label_col, split_col = self.columns
-        files = [str(base / r[path_col]) for r in rows]
-        labels = [mapping[r[label_col].strip()] for r in rows]
+        files = table.files(path_col, base)
+        labels = [mapping[r[label_col]] for r in rows]
         kept = self._existing(files, base)
         if kept is not None:
             rows, files, labels = [rows[i] for i in kept], [files[i] for i in kept], [labels[i] for i in kept]
         if split_col is not None:
             names = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
-            bad = sorted({r[split_col] for r in rows if r[split_col].strip().lower() not in names})
+            bad = sorted({r[split_col] for r in rows if r[split_col].lower() not in names})
             if bad:
                 raise DataConfigError(f"split column {split_col!r} has values {bad}; use train, val or test")
-            split = [names[r[split_col].strip().lower()] for r in rows]
+            split = [names[r[split_col].lower()] for r in rows]
         else:
             split = hash_split([r[path_col] for r in rows], self.split_fractions)
         return {

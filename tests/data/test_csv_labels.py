@@ -110,3 +110,34 @@ def test_fit_stops_at_the_data_not_at_the_model_mismatch(tmp_path: Path) -> None
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     with pytest.raises(DataConfigError, match=r"line 12: 'img/10.png' \(label '9'\)"):
         trainer.fit(model, datamodule=_dm(_csv(tmp_path, STRAY)))
+
+
+def test_both_csv_readers_strip_names_and_values_and_name_short_rows(tmp_path: Path) -> None:
+    """One reader (``read_csv_rows``) for ``CSVDataModule`` and ``predict_root``: white space around column names and
+    values is ignored, and a row with fewer fields than the header reads empty fields (a named row, not a crash)."""
+    from cloc_lightning.data import OrdinalShapesDataModule
+
+    labels = [str(i % 3) for i in range(12)]
+    path = _csv(tmp_path, labels)
+    spaced = tmp_path / "spaced.csv"
+    spaced.write_text(" path , label \n" + "".join(f" img/{i}.png , {y} \n" for i, y in enumerate(labels)))
+    splits = []
+    for csv_path in (path, spaced):
+        dm = _dm(csv_path)
+        dm.setup("fit")
+        splits.append([sorted(s.base.files[i] for i in s.indices) for s in (dm.train_set, dm.val_set, dm.test_set)])
+        assert dm.num_classes == 3 and sum(len(files) for files in splits[-1]) == 12
+        predict = OrdinalShapesDataModule(num_classes=3, num_workers=0, predict_root=str(csv_path))
+        predict.setup("predict")
+        assert predict.predict_set is not None and predict.predict_set.base.targets == [int(y) for y in labels]
+    assert splits[0] == splits[1]  # the same rows, the same hash split
+    short = tmp_path / "short.csv"
+    short.write_text("path,label\nimg/0.png,0\nimg/1.png\n\nimg/2.png,1\n")  # line 3 has no label, line 4 is blank
+    with pytest.raises(DataConfigError, match=r"has empty labels: line 3: 'img/1.png' \(label ''\)"):
+        _dm(short).setup("fit")
+    no_path = tmp_path / "no_path.csv"
+    no_path.write_text("label,path\n0,img/0.png\n1\n2,img/2.png\n")
+    with pytest.raises(DataConfigError, match=r"1 of 3 image\(s\) listed in .* do not exist .*: line 3: ''"):
+        _dm(no_path, class_names=["a", "b", "c"]).setup("fit")
+    with pytest.raises(DataConfigError, match=r"1 path\(s\) .* are not files .*: line 3: ''; fix or remove those rows"):
+        OrdinalShapesDataModule(num_classes=3, num_workers=0, predict_root=str(no_path)).setup("predict")
