@@ -91,7 +91,9 @@ class PredictionWriter(BasePredictionWriter):
     file, or the dataset's ``describe(index)`` for in-memory samples; empty if the dataset
     has no ``describe``), ``target`` (when labels exist), ``pred`` (arg-max class),
     ``expected`` (expected rank), ``rank`` (when ``predict_step`` gives one: an ordinal
-    regression module's own prediction, CORN/CORAL) and the class probabilities ``p0 .. p{C-1}``.
+    regression module's own prediction, CORN/CORAL), ``regression`` (when ``predict_step`` gives
+    one: a regressor's raw output, :class:`~cloc_lightning.methods.LinearRegressorModule`) and the
+    class probabilities ``p0 .. p{C-1}`` (when given).
 
     Under DDP every rank writes its share to ``predictions.rank<k>.csv``; after a barrier
     rank 0 merges the parts into one ``predictions.csv`` sorted by index
@@ -134,6 +136,7 @@ class PredictionWriter(BasePredictionWriter):
         probs = cat.get("probs")
         header = ["index", "path"] + (["target"] if "target" in cat else []) + ["pred", "expected"]
         header += ["rank"] if "rank" in cat else []
+        header += ["regression"] if "regression" in cat else []
         header += [f"p{c}" for c in range(probs.shape[1])] if probs is not None else []
         rows: list[list[Any]] = []
         for i, index in enumerate(indices):
@@ -141,6 +144,7 @@ class PredictionWriter(BasePredictionWriter):
             row += [int(cat["target"][i])] if "target" in cat else []
             row += [int(cat["pred"][i]), f"{float(cat['expected'][i]):.4f}"]
             row += [int(cat["rank"][i])] if "rank" in cat else []
+            row += [f"{float(cat['regression'][i]):.4f}"] if "regression" in cat else []
             row += [f"{float(p):.5f}" for p in probs[i]] if probs is not None else []
             rows.append(row)
         return header, rows

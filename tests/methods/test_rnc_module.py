@@ -10,6 +10,7 @@ and ``probe`` on their checkpoints.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import warnings
@@ -304,6 +305,14 @@ def test_demo_configs_both_stages_then_test_and_probe_through_the_cli(
     assert best and (two / "last.ckpt").is_file()
     main(["test", *stage_two, "--ckpt_path", str(best[-1])])
     assert "test/mae_expected" in capsys.readouterr().out
+    main(["predict", *stage_two, "--ckpt_path", str(best[-1])])  # the test split -> predictions.csv
+    (written,) = (tmp_path / "runs" / "rnc_demo_linear").rglob("predictions.csv")
+    rows = list(csv.DictReader(written.open()))
+    assert len(rows) == 16 and "p0" not in rows[0]
+    for row in rows:  # pred = the nearest rank of the clamped output
+        r = float(row["regression"])
+        assert float(row["expected"]) == pytest.approx(min(max(r, 0.0), 5.0), abs=1e-4)
+        assert int(row["pred"]) == math.ceil(float(row["expected"]) - 0.5)
     main(["probe", "--ckpt", str(one / "last.ckpt"), "--data", "OrdinalShapesDataModule", "--data.num_classes", "6",
           "--data.train_size", "24", "--data.test_size", "12", "--data.image_size", "16", "--data.num_workers", "0",
           "--data.batch_size", "16", "--output", str(tmp_path / "probe.json")])
