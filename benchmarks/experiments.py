@@ -38,8 +38,11 @@ repeated when the command is run again (``--rerun`` repeats them), so an interru
 table resumes where it stopped.  The run folders are not in the repository: on a new
 machine, ``--restore-runs <out>/<table>.json`` first writes the finished runs a committed
 table records back as their ``result.json`` (the render then says how many were restored),
-so the missing rows can be added without repeating the others.  Checkpoints are deleted
-after a run has been read unless ``--keep-checkpoints``.
+so the missing rows can be added without repeating the others.  The checkpoints of a finished
+run are deleted after it has been read unless ``--keep-checkpoints``; a failed run keeps them,
+so the next invocation resumes it.  A fit stopped by SIGTERM (exit 143: cloc_lightning's
+preemption callback wrote a mid-epoch ``last.ckpt``) stops the table with exit code 143; the
+same command resumes it.
 
 The scale (image size, epochs, training-set fraction) is set in :data:`TABLES` for
 2 shared CPU cores; see ``--help`` and the ``scale`` entry of each table.  Pass more
@@ -143,6 +146,10 @@ class Table:
     #: validation metrics drawn against epoch in ``<table>_curves.png`` (``"a|b"``: the first of the keys a run logged)
     curve_metrics: list[tuple[str, str]] = field(default_factory=list)
 
+
+#: the exit code of a fit stopped by SIGTERM (cloc_lightning's PreemptionCheckpoint wrote a mid-epoch last.ckpt):
+#: the table stops there instead of going on to the next run
+PREEMPTED = 143
 
 #: the weights file an ``init_from`` source row leaves in its run folder
 INIT_WEIGHTS = "init_weights.pt"
@@ -801,6 +808,9 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
             record["commands"].append(cmd)
             rc, wall = _run(cmd, log, timeout)
             record["fit_wall_s"] = wall
+            if rc == PREEMPTED:
+                record["preempted"] = True
+                raise RuntimeError(f"fit exited with {rc} (SIGTERM: its last.ckpt is kept; run the table again to resume it)")
             if rc != 0:
                 raise RuntimeError(f"fit exited with {rc}")
             record["metrics"].update(read_test_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else {})
@@ -846,7 +856,7 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
         record["error"] = f"{type(e).__name__}: {e}"
         record["log_tail"] = _tail(log)
     record["wall_s"] = time.perf_counter() - start + sum(a["wall_s"] for a in resumed)
-    if not keep_checkpoints:
+    if not keep_checkpoints and record["ok"]:  # a failed or preempted run keeps its last.ckpt: the next attempt resumes it
         for p in list(run_dir.rglob("*.ckpt")) + list(run_dir.rglob("random_encoder.pt")):
             p.unlink()
     (run_dir / "result.json").write_text(json.dumps(record, indent=2))
@@ -1167,6 +1177,10 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
             shown = {k: round(v, 4) for k, v in rec["metrics"].items() if any(k == m for m, _, _ in table.metrics)}
             print(f"[experiments] {name}/{r.key} seed {seed}: {status} in {rec['wall_s']:.0f} s {shown}", flush=True)
             write_outputs(out, table, shown_rows, runs, command, list(seeds), skipped, quick, extra, env)
+            if rec.get("preempted"):
+                print(f"[experiments] stopped: {name}/{r.key} seed {seed} was preempted (SIGTERM); run the same command "
+                      "again to resume it from its last.ckpt", flush=True)
+                raise SystemExit(PREEMPTED)
     md = write_outputs(out, table, shown_rows, runs, command, list(seeds), skipped, quick, extra, env)
     print(md.read_text())
     return json.loads((out / f"{table.name}.json").read_text())

@@ -54,8 +54,9 @@ def _similarities(a: Tensor, b: Tensor, kind: str) -> Tensor:
     """``[n, m]`` feature similarities: negative Euclidean distance (``'l2'``) or cosine."""
     if kind == "cosine":
         return torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(b, dim=-1).T
-    # ||a - b|| from the difference itself (not the expanded dot product): exact and with a defined gradient away from 0
-    return -(a[:, None, :] - b[None, :, :]).pow(2).sum(-1).clamp_min(torch.finfo(a.dtype).tiny).sqrt()
+    # ||a - b|| from the differences themselves (not the expanded dot product, which cancels catastrophically for
+    # close features), without materialising the [n, m, dim] difference tensor; cdist's gradient at distance 0 is 0
+    return -torch.cdist(a, b, p=2.0, compute_mode="donot_use_mm_for_euclid_dist")
 
 
 def rnc_loss(

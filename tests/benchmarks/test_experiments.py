@@ -425,6 +425,40 @@ def test_a_row_without_its_sources_weights_fails_naming_the_fix(tmp_path) -> Non
     assert "run --rows simclr --seeds 1 first" in rec["error"] and str(tmp_path / "simclr" / "seed1" / "init_weights.pt") in rec["error"]
 
 
+def test_a_preempted_or_failed_run_keeps_its_checkpoint_and_a_preempted_one_stops_the_table(tmp_path, monkeypatch) -> None:
+    """SIGTERM (exit 143) must not cost the run: its last.ckpt stays for the next invocation, which resumes it."""
+    import benchmarks.experiments as ex
+
+    calls: list[list[str]] = []
+
+    def fake_run(rc: int):
+        def run(cmd: list[str], log, timeout: float) -> tuple[int, float]:
+            calls.append(cmd)
+            ckpt = log.parent / "checkpoints" / "last.ckpt"
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            ckpt.write_bytes(b"mid-epoch")
+            return rc, 1.0
+
+        return run
+
+    table = TABLES["utkface"]
+    row = next(r for r in table.rows if r.key == "ce")
+    for rc in (143, 1):
+        monkeypatch.setattr(ex, "_run", fake_run(rc))
+        run_dir = tmp_path / f"rc{rc}" / "ce" / "seed0"
+        rec = ex.run_one(table, row, 0, run_dir, SHARED_DATA, quick=True, extra=[], timeout=60, keep_checkpoints=False)
+        assert not rec["ok"] and (run_dir / "checkpoints" / "last.ckpt").is_file(), rc
+        assert bool(rec.get("preempted")) is (rc == 143)
+    data = tmp_path / "data"
+    (data / "utkface").mkdir(parents=True)
+    monkeypatch.setattr(ex, "_run", fake_run(143))
+    calls.clear()
+    with pytest.raises(SystemExit) as stop:
+        ex.run_table("utkface", [0, 1], out=tmp_path / "out", runs_dir=tmp_path / "table", rows=["ce", "corn"], data_root=data)
+    assert stop.value.code == 143 and len(calls) == 1  # nothing ran after the preempted fit
+    assert json.loads((tmp_path / "table" / "ce" / "seed0" / "result.json").read_text())["preempted"]
+
+
 def test_rows_paired_with_several_baselines_across_columns(tmp_path) -> None:
     from benchmarks.experiments import write_outputs
 
