@@ -267,7 +267,13 @@ class OrdinalRegressionModule(ClassifierModule):
         From a CE / CLOC / SimCLR / other checkpoint (or a plain ``state_dict``), the keys under
         :attr:`head_prefix` are skipped and the head keeps its initialisation (said on stdout).
         """
-        checkpoint = read_checkpoint(path, mmap=True, what="init_from checkpoint")
+        checkpoint = read_checkpoint(
+            path,
+            mmap=True,
+            what="init_from checkpoint",
+            hint="init_from takes a .ckpt file (e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt) or a "
+            "state_dict saved with torch.save",
+        )
         hparams = checkpoint.get("hyper_parameters") or {}
         if self._written_by_this_method(checkpoint) and hparams.get("head") == self.hparams.head:
             return super().load_weights(path)
@@ -292,7 +298,7 @@ def _check_importance_weights(weights: Any, head: str, num_classes: Any) -> None
     """One-line errors for CORAL's task weights: only with ``head: coral``, ``K - 1`` finite numbers ``>= 0``."""
     if head != "coral":
         raise ValueError(f"importance_weights are CORAL's task weights, but head is {head!r}; set head: coral or remove importance_weights")
-    k = num_classes if isinstance(num_classes, int) and not isinstance(num_classes, bool) else None
+    k = num_classes if isinstance(num_classes, int) and not isinstance(num_classes, bool) and num_classes >= 2 else None
     ok = isinstance(weights, (list, tuple)) and all(
         isinstance(w, (int, float)) and not isinstance(w, bool) and w == w and abs(w) != float("inf") and w >= 0 for w in weights
     )
