@@ -237,6 +237,7 @@ UTKFACE = Table(
     ],
     metrics=[("test/mae", "MAE ↓", "f3"), ("test/mae_expected", "E[rank] MAE ↓", "f3"), ("test/acc", "acc ↑", "pct"),
              ("test/qwk", "QWK ↑", "f3"), ("test/acc_pm1", "±1 acc ↑", "pct"),
+             ("test/mae_rank", "MAE, papers' rank rule ↓", "f3"),
              ("train/cloc_share_first", "CLOC share, epoch 0", "pct"), ("train/cloc_share_last", "CLOC share, last epoch", "pct")],
     notes=(
         "MAE is in age-group units (arg-max class), E[rank] MAE uses the softmax-expected class; accuracy, QWK "
@@ -245,6 +246,11 @@ UTKFACE = Table(
         "`main` rows train on the full training split (5,553 images), `few-shot` rows on 10 % of every class (554). "
         "CLOC share = λ·CLOC / (CE + λ·CLOC) averaged over the logged training steps of the first and of the last "
         "epoch (logged every 20 steps; `train/cloc_share` in the run's logs). "
+        "CORN/CORAL: scores are the log class probabilities derived from the K - 1 exceedance probabilities, so MAE, "
+        "accuracy, QWK and ±1 accuracy use the most likely class as for CE; `MAE, papers' rank rule` counts the "
+        "exceedance probabilities above 0.5 (the papers' prediction). RnC: its L1 regressor's output r is scored at "
+        "the nearest rank round(clamp(r, 0, 7)), E[rank] MAE is |clamp(r, 0, 7) - y|, and its best checkpoint "
+        "follows val/mae_expected (the paper selects the regressor by its L1 error). "
         f"`{_SSL}` rows start from the same seed's SimCLR encoder (`--model.init_from`; backbone weights only, "
         "fresh head, optimiser and schedule); the SimCLR row's curves are its online linear probe's (detached features)."
     ),
