@@ -1,8 +1,13 @@
-"""CLOC's two phases and margin plots as Lightning callbacks."""
+"""CLOC's two phases and margin plots as Lightning callbacks.
+
+The margins themselves (values, frozen state, YAML) belong to the module's CLOC loss
+(:class:`~cloc_lightning.losses.cloc_margins.CLOCMargins`); these callbacks only say *when*:
+:class:`CLOCMarginFreeze` at which epoch phase two starts (as Lightning's ``BaseFinetuning``
+says when to unfreeze), :class:`CLOCMarginPlot` which steps the plot keeps.
+"""
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import Any
@@ -20,21 +25,34 @@ from cloc_lightning.validation import check_int
 
 __all__ = ["CLOCMarginFreeze", "CLOCMarginPlot"]
 
+#: how to avoid a diverged phase one, on the command line (ends the refusal of unusable margins)
+_DIVERGED_FIX = ("Lower the learning rate (--model.lr, or --model.margin_lr for the margins) or clip gradients "
+                 "(--trainer.gradient_clip_val 1.0) and train phase one again")
+
+
+def _margins_of(pl_module: Any, who: str) -> Any:
+    """The module's CLOC loss, the owner of its margins; a ``TypeError`` naming ``who`` for another module."""
+    if not hasattr(pl_module, "freeze_margins") or not hasattr(pl_module, "cloc_loss"):
+        raise TypeError(f"{who} needs a CLOCModule (with cloc_loss/freeze_margins), got {type(pl_module).__name__}")
+    return pl_module.cloc_loss
+
 
 class CLOCMarginFreeze(Callback):
-    """End CLOC's phase one: freeze the learned margins and write them as a ``learnable_map``.
+    """End CLOC's phase one at an epoch: freeze the learned margins and write them as a ``learnable_map``.
 
-    At the start of epoch ``freeze_at_epoch`` the margins of the module's CLOC
-    loss become fixed (no gradient, removed from the optimiser), so the remaining
-    epochs are phase two in the same run.  The all-``fixed`` map is written to
-    ``<log_dir>/<filename>`` and logged (TensorBoard text + stdout).  With
-    ``freeze_at_epoch=None`` nothing is frozen and the map of the final margins is
-    written at the end of fit, ready for a separate phase-two run::
+    At the start of epoch ``freeze_at_epoch`` the module freezes its margins
+    (``freeze_margins``: the CLOC loss fixes them, the optimiser drops them), so the remaining
+    epochs are phase two in the same run, and the loss writes the all-``fixed`` map to
+    ``<log_dir>/<filename>`` (also logged: TensorBoard text + stdout).  With
+    ``freeze_at_epoch=None`` nothing is frozen and the map of the final margins is written at
+    the end of fit, ready for a separate phase-two run::
 
         cloc-lightning fit --config configs/cloc/utkface_phase2.yaml \
             --model.learnable_map <log_dir>/cloc_margins.yaml --model.init_from <phase1.ckpt>
 
-    Resuming from a checkpoint taken after the freeze keeps the margins fixed.
+    The callback only decides when; whether and when the margins were frozen is the loss's
+    record (:attr:`frozen_at` reads it), which checkpoints keep: resuming after the freeze
+    keeps the margins fixed.
     """
 
     def __init__(self, freeze_at_epoch: int | None = None, filename: str = "cloc_margins.yaml") -> None:
@@ -42,16 +60,16 @@ class CLOCMarginFreeze(Callback):
             check_int("freeze_at_epoch", freeze_at_epoch, 0, hint="or null: never freeze, write the final margins")
         self.freeze_at_epoch = freeze_at_epoch
         self.filename = filename
-        self.frozen_at: dict[str, int] | None = None
         self.path: str | None = None
+        self._margins: Any = None  # the module's CLOC loss (set in ``setup``)
 
-    @staticmethod
-    def _check(pl_module: L.LightningModule) -> None:
-        if not hasattr(pl_module, "freeze_margins") or not hasattr(pl_module, "cloc_loss"):
-            raise TypeError(f"CLOCMarginFreeze needs a CLOCModule (with cloc_loss/freeze_margins), got {type(pl_module).__name__}")
+    @property
+    def frozen_at(self) -> dict[str, Any] | None:
+        """``{'epoch': e, 'step': s}`` of the freeze, as the margins record it; ``None`` before (or before ``setup``)."""
+        return None if self._margins is None else self._margins.frozen_at
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._check(pl_module)
+        self._margins = _margins_of(pl_module, "CLOCMarginFreeze")
         at, epochs = self.freeze_at_epoch, trainer.max_epochs
         if stage == "fit" and at is not None and not getattr(trainer, "fast_dev_run", False) and epochs is not None and 0 < epochs <= at:
             # A warning, not an error: the run still gives a valid, labelled phase-one result (the final margins
@@ -67,40 +85,19 @@ class CLOCMarginFreeze(Callback):
                 file=sys.stderr,
             )
 
-    @staticmethod
-    def check_margins(learnable_map: list[list[Any]], trainer: L.Trainer, phase_one_done: bool) -> None:
-        """Refuse margins that are not finite and > 0: they come from a diverged phase one and phase two refuses them."""
-        values = [pair[1] for pair in learnable_map]
-        bad = [i for i, v in enumerate(values) if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0]
-        if not bad:
-            return
+    def write(self, trainer: L.Trainer, pl_module: Any, phase_one_done: bool) -> str:
+        """Have the margins write their YAML (rank 0); return its path.
+
+        Margins that are not finite and > 0 (a diverged phase one) are refused on every rank
+        with a ``ValueError`` that says when, and no file is written.
+        """
+        margins = _margins_of(pl_module, "CLOCMarginFreeze")
         epoch = trainer.current_epoch
         when = f"at the freeze (start of epoch {epoch})" if phase_one_done else f"at the end of fit (after {epoch} epoch(s))"
-        raise ValueError(
-            f"CLOCMarginFreeze: the learned margins {when} are {values}; margin(s) {bad} are not finite and > 0 (phase "
-            "one diverged: softplus of a raw margin driven to -inf is 0), so no margins YAML is written and phase two "
-            "cannot use them. Lower the learning rate (--model.lr, or --model.margin_lr for the margins) or clip "
-            "gradients (--trainer.gradient_clip_val 1.0) and train phase one again"
-        )
-
-    def write(self, trainer: L.Trainer, pl_module: Any, learnable_map: list[list[Any]], phase_one_done: bool) -> str:
-        """Write the margins YAML; return its path.  Raises a ``ValueError`` for margins that are not finite and > 0."""
-        self.check_margins(learnable_map, trainer, phase_one_done)
-        path = os.path.join(run_dir(trainer), self.filename)
-        payload = {
-            "learnable_map": learnable_map,
-            "margin_mode": pl_module.hparams.margin_mode,
-            "n_classes": pl_module.num_classes,
-            "margin_names": pl_module.cloc_loss.margin_names(),
-            "epoch": trainer.current_epoch,
-            "global_step": trainer.global_step,
-            "frozen_in_this_run": phase_one_done,
-        }
+        learnable_map = margins.usable_map(f"CLOCMarginFreeze: the learned margins {when}", _DIVERGED_FIX)
+        path = os.path.join(run_dir(trainer), self.filename)  # a collective under DDP: on every rank
         if trainer.is_global_zero:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            with open(path, "w") as f:
-                f.write("# CLOC margins at the end of phase one; use with --model.learnable_map <this file>\n")
-                yaml.safe_dump(payload, f, sort_keys=False)
+            margins.to_yaml(path, epoch=epoch, global_step=trainer.global_step, frozen_in_this_run=phase_one_done)
             tb = tensorboard(trainer)
             if tb is not None:
                 tb.add_text("cloc/learnable_map", "    " + yaml.safe_dump(learnable_map).replace("\n", "\n    "), trainer.global_step)
@@ -111,11 +108,10 @@ class CLOCMarginFreeze(Callback):
     # the hooks below get a CLOCModule (checked in ``setup``): ``pl_module`` is typed ``Any`` for its CLOC attributes
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         at = self.freeze_at_epoch
-        if at is None or trainer.current_epoch < at or getattr(pl_module, "margins_frozen", False):
+        if at is None or trainer.current_epoch < at or pl_module.margins_frozen:
             return
-        learnable_map = pl_module.freeze_margins()
-        self.frozen_at = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        self.write(trainer, pl_module, learnable_map, phase_one_done=True)
+        pl_module.freeze_margins()
+        self.write(trainer, pl_module, phase_one_done=True)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         # Lightning (2.x) skips ``on_train_epoch_start`` of the first epoch after resuming from a
@@ -123,44 +119,57 @@ class CLOCMarginFreeze(Callback):
         self.on_train_epoch_start(trainer, pl_module)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if not getattr(pl_module, "margins_frozen", False):
-            self.write(trainer, pl_module, pl_module.cloc_loss.to_learnable_map("fixed"), phase_one_done=False)
+        if not pl_module.margins_frozen:
+            self.write(trainer, pl_module, phase_one_done=False)
 
     def state_dict(self) -> dict[str, Any]:
+        # ``frozen_at`` is the margins' record (restored with the module's checkpoint), kept here for readers of the file
         return {"frozen_at": self.frozen_at, "freeze_at_epoch": self.freeze_at_epoch}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.frozen_at = state_dict.get("frozen_at")
 
 
 class CLOCMarginPlot(Callback):
-    """Record the CLOC margins every ``every_n_steps`` and plot them at the end of fit.
+    """Record the CLOC margins during training and plot them at the end of fit.
 
-    Writes ``<log_dir>/cloc_margins.png`` (one line per adjacent class pair, the
-    freeze marked) and the same figure to TensorBoard (``cloc/margins``).  The
-    history is part of the callback's checkpoint state, so resumed runs plot the
-    whole training.
+    Records the margins the module logs (``margins/C{i}-C{i+1}``: before the update of each
+    step divisible by ``every_n_steps``) and the final ones.  ``every_n_steps=None`` (the
+    default) follows the module's ``log_margins_every_n_steps``, so the plot and the logged
+    scalars are one history.  Writes ``<log_dir>/cloc_margins.png`` (one line per adjacent
+    class pair, the freeze marked) and the same figure to TensorBoard (``cloc/margins``).  The
+    history is part of the callback's checkpoint state, so resumed runs plot the whole training.
     """
 
-    def __init__(self, every_n_steps: int = 5, filename: str = "cloc_margins.png") -> None:
-        check_int("every_n_steps", every_n_steps, 1)
+    def __init__(self, every_n_steps: int | None = None, filename: str = "cloc_margins.png") -> None:
+        if every_n_steps is not None:
+            check_int("every_n_steps", every_n_steps, 1, hint="or null: the module's log_margins_every_n_steps")
         self.every_n_steps = every_n_steps
         self.filename = filename
         self.steps: list[int] = []
         self.values: list[list[float]] = []
-        self.frozen_step: int | None = None
         self.path: str | None = None
         self._pending: list[torch.Tensor] = []
+        self._margins: Any = None  # the module's CLOC loss (set in ``setup``)
+        self._every = every_n_steps or 0
 
     #: recorded margins kept on the device before one host read converts them (``_flush``)
     flush_every: int = 64
 
-    def _record(self, step: int, pl_module: Any) -> None:
+    @property
+    def frozen_step(self) -> int | None:
+        """The global step at which the margins were frozen (their record), or ``None``."""
+        frozen_at = None if self._margins is None else self._margins.frozen_at
+        return None if frozen_at is None else frozen_at.get("step")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._margins = _margins_of(pl_module, "CLOCMarginPlot")
+        if self.every_n_steps is None:
+            self._every = int(pl_module.hparams.get("log_margins_every_n_steps") or 0)
+
+    def _record(self, step: int) -> None:
         if self.steps and self.steps[-1] == step:
             return
         self.steps.append(step)
         # a device copy now, converted with the others in one read: no host sync on the training step
-        self._pending.append(pl_module.cloc_loss.margins().detach().float().clone())
+        self._pending.append(self._margins.margins().detach().float().clone())
         if len(self._pending) >= self.flush_every:
             self._flush()
 
@@ -170,20 +179,16 @@ class CLOCMarginPlot(Callback):
             self._pending = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        if self.frozen_step is None and getattr(pl_module, "margins_frozen", False):
-            self.frozen_step = trainer.global_step
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
-            self._record(trainer.global_step, pl_module)
+        if self._every and trainer.global_step % self._every == 0:
+            self._record(trainer.global_step)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self._record(trainer.global_step, pl_module)
+        self._record(trainer.global_step)
         self._flush()
         folder = run_dir(trainer)  # a collective under DDP: read on every rank, before the rank-0 branch
         if not trainer.is_global_zero or len(self.steps) < 2:
             return
-        fig = margin_figure(self.steps, np.asarray(self.values), pl_module.cloc_loss.margin_names(), self.frozen_step)
+        fig = margin_figure(self.steps, np.asarray(self.values), self._margins.margin_names(), self.frozen_step)
         tb = tensorboard(trainer)
         if tb is not None:
             tb.add_figure("cloc/margins", fig, trainer.global_step, close=False)
@@ -197,7 +202,7 @@ class CLOCMarginPlot(Callback):
         return {"steps": self.steps, "values": self.values, "frozen_step": self.frozen_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # ``frozen_step`` comes back with the margins' record (the module's checkpoint)
         self._pending = []
         self.steps = list(state_dict.get("steps", []))
         self.values = list(state_dict.get("values", []))
-        self.frozen_step = state_dict.get("frozen_step")

@@ -57,6 +57,9 @@ Differences to the reference code (deliberate)
 * optional ``gather_distributed`` (local anchors against the global batch);
 * the version of the reference with a label-distance threshold ``d`` for
   positives is not supported (its default ``d = 0`` is what is implemented).
+
+The margins (parse, validate, freeze, log, YAML) live in
+:mod:`cloc_lightning.losses.cloc_margins`; each loss is its margins' owner.
 """
 
 from __future__ import annotations
@@ -66,96 +69,23 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import Loss
-from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
+from cloc_lightning.losses.cloc_margins import CLOCMargins, MultiMargins, SingleMargin
+from cloc_lightning.validation import check_bool, check_choice, check_tensor
 
 __all__ = [
     "OrdinalContrastiveLoss_mm",
     "OrdinalContrastiveLoss_sm",
     "cloc_pair_hinge_sums",
-    "inverse_softplus",
 ]
 
 Reduction = Literal["official", "mean"]
-MarginKind = Literal["learnable", "fixed"]
 #: ``eps`` of :func:`torch.nn.functional.cosine_similarity` (the reference's similarity).
 _COS_EPS = 1e-8
-#: layout title used by the reference for its TensorBoard custom-scalars chart.
-LAYOUT_TITLE = "Class Distances"
-
-
-# ----------------------------------------------------------------------------
-# helpers
-# ----------------------------------------------------------------------------
-def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
-    """``softplus^{-1}(v) = log(exp(v) - 1)``, computed stably as ``v + log(-expm1(-v))``.
-
-    Args:
-        value: tensor of positive margins (any shape).
-
-    Returns:
-        Raw parameter values of the same shape with ``softplus(raw) == value``.
-    """
-    return value + torch.log(-torch.expm1(-value))
-
-
-#: what ``n_classes`` is, in its error messages
-_N_CLASSES_HINT = "n_classes is the number of ordinal classes; CLOC needs at least two"
-
-
-def _check_kind(kind: Any) -> None:
-    """The ``kind`` argument of ``to_learnable_map``: a :data:`MarginKind` or ``None``."""
-    if kind is not None:
-        check_choice("kind", kind, MarginKind,
-                     hint="'fixed' or 'learnable' sets every margin's kind, None keeps each margin's current kind")
-
-
-def _parse_learnable_map(learnable_map: Any, n_entries: int, what: str) -> list[tuple[str, float | None]]:
-    """Validate a ``learnable_map`` and return ``[(kind, value or None), ...]`` of length ``n_entries``."""
-    if learnable_map is None:
-        return [("learnable", None)] * n_entries
-    if isinstance(learnable_map, (str, bytes)) or not isinstance(learnable_map, Sequence):
-        raise TypeError(
-            f"learnable_map must be None or a list of [kind, value] pairs such as "
-            f"[['learnable', None], ['fixed', 0.4]], got {type(learnable_map).__name__}"
-        )
-    if len(learnable_map) != n_entries:
-        raise ValueError(
-            f"learnable_map has {len(learnable_map)} entries but {what} needs exactly {n_entries} "
-            f"(one [kind, value] pair per margin); check n_classes or the phase-two margin YAML"
-        )
-    parsed: list[tuple[str, float | None]] = []
-    for i, entry in enumerate(learnable_map):
-        where = f"learnable_map[{i}]"
-        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
-            raise TypeError(f"{where} must be a pair [kind, value] such as ['fixed', 0.4], got {entry!r}")
-        kind, value = entry[0], entry[1]
-        check_choice(f"{where}: kind", kind, MarginKind)
-        if value is None:
-            if kind == "fixed":
-                raise ValueError(f"{where}: a 'fixed' margin needs a value, e.g. ['fixed', 0.4]")
-            parsed.append((kind, None))
-        else:
-            margin = check_float(f"{where}: the margin value", value, minimum=0.0, strict_minimum=True,
-                                 expect="a number > 0 or None",
-                                 hint="margins are distances between adjacent classes, finite and > 0")
-            parsed.append((kind, margin))
-    return parsed
-
-
-def _init_raw(value: float | None) -> torch.Tensor:
-    """Raw (pre-softplus) float64 scalar: ``value`` itself, or a margin drawn from U(0.5, 1.0).
-
-    The draw uses ``torch.rand(1)`` once per ``None`` entry, in map order, like the reference,
-    so a seeded run initialises the same margins.
-    """
-    margin = 0.5 + torch.rand(1).double() * 0.5 if value is None else torch.tensor([value], dtype=torch.float64)
-    return inverse_softplus(margin)[0]
 
 
 # ----------------------------------------------------------------------------
@@ -309,115 +239,36 @@ def cloc_pair_hinge_sums(
 # ----------------------------------------------------------------------------
 # the modules
 # ----------------------------------------------------------------------------
-class _OrdinalContrastiveLossBase(Loss):
+class _OrdinalContrastiveLossBase(CLOCMargins, Loss):
     """Shared machinery of :class:`OrdinalContrastiveLoss_mm` and :class:`OrdinalContrastiveLoss_sm`.
 
-    Subclasses build their margin parameters and implement :meth:`_raw_margins`
-    (the ``[n_classes - 1]`` raw, pre-softplus adjacent margins).
+    The loss is its margins' owner (:class:`~cloc_lightning.losses.cloc_margins.CLOCMargins`:
+    parse, validate, freeze, log, YAML); a subclass also inherits the margins' layout
+    (:class:`~cloc_lightning.losses.cloc_margins.MultiMargins` or
+    :class:`~cloc_lightning.losses.cloc_margins.SingleMargin`).  This class adds the loss.
     """
-
-    n_classes: int
-    n_distances: int
 
     def __init__(
         self,
         n_classes: int,
+        device: torch.device | str | None = None,
+        learnable_map: Sequence[Sequence[Any]] | None = None,
+        summaryWriter: Any = None,  # the reference's public name
         *,
         reduction: Reduction = "official",
         gather_distributed: bool = False,
         check_finite: bool = True,
     ) -> None:
-        super().__init__()
-        self.n_classes = check_int("n_classes", n_classes, 2, hint=_N_CLASSES_HINT)
-        self.n_distances = self.n_classes - 1
+        super().__init__(n_classes, learnable_map)  # the margins: parsed, validated, built (the layout's order)
         self.reduction: Reduction = check_choice(
             "reduction", reduction, Reduction,
             hint="'official' divides by |P|*|N|^2 as the CLOC code, 'mean' by |P|*|N|",
         )
         self.gather_distributed = check_bool("gather_distributed", gather_distributed)
         self.check_finite = check_bool("check_finite", check_finite)
-        self.writer: Any = None
-        self._layout_registered = False
-
-    # -- margins -----------------------------------------------------------
-    def _raw_margins(self) -> torch.Tensor:
-        raise NotImplementedError
-
-    def margins(self) -> torch.Tensor:
-        """All adjacent margins ``softplus(raw)``, shape ``[n_classes - 1]`` (differentiable)."""
-        return F.softplus(self._raw_margins())
-
-    def class_positions(self) -> torch.Tensor:
-        """Class positions ``cumsum([0, margins])``, shape ``[n_classes]``."""
-        m = self.margins()
-        return torch.cat([m.new_zeros(1), torch.cumsum(m, 0)])
-
-    def distance_matrix(self) -> torch.Tensor:
-        """Margins between every pair of classes ``|pos_a - pos_b|``, shape ``[n_classes, n_classes]``."""
-        pos = self.class_positions()
-        return (pos.unsqueeze(0) - pos.unsqueeze(1)).abs()
-
-    def margin_names(self) -> list[str]:
-        """Names of the adjacent margins: ``['C0-C1', 'C1-C2', ...]`` (``n_classes - 1`` entries)."""
-        return [f"C{i}-C{i + 1}" for i in range(self.n_distances)]
-
-    def margin_values(self) -> dict[str, torch.Tensor]:
-        """What is logged: ``{'C0-C1': m_0, ...}`` (``_sm``: ``{'Margin': m}``) as detached 0-d tensors on the
-        margins' device (logging them reads nothing from the device until the logger writes)."""
-        values = self.margins().detach()
-        return {name: values[i] for i, name in enumerate(self.margin_names())}
-
-    def margin_scalars(self) -> dict[str, float]:
-        """:meth:`margin_values` as Python floats (one host read)."""
-        values = self.margin_values()
-        return dict(zip(values, torch.stack(list(values.values())).cpu().tolist(), strict=True))
-
-    def margin_kinds(self) -> list[str]:
-        """Each margin's current kind: ``learnable`` (a trainable parameter) or ``fixed``."""
-        raise NotImplementedError
-
-    def to_learnable_map(self, kind: MarginKind | None = "fixed") -> list[list[Any]]:
-        """The current margins as a ``learnable_map`` (plain Python, YAML-serialisable).
-
-        ``kind='fixed'`` gives the map of CLOC's phase two (margins kept fixed);
-        ``kind='learnable'`` restarts learning from the current values; ``kind=None``
-        keeps each margin's current kind (:meth:`margin_kinds`).
-        """
-        _check_kind(kind)
-        values = self.margins().detach().cpu().tolist()
-        kinds = self.margin_kinds() if kind is None else [kind] * len(values)
-        return [[k, float(v)] for k, v in zip(kinds, values, strict=True)]
-
-    # -- logging -----------------------------------------------------------
-    def _layout(self) -> dict[str, dict[str, list[Any]]]:
-        return {LAYOUT_TITLE: {"margin": ["Multiline", list(self.logged_names())]}}
-
-    def logged_names(self) -> list[str]:
-        """Scalar tags written to TensorBoard (``C{i}-C{i+1}``; ``_sm``: ``Margin``)."""
-        return self.margin_names()
-
-    def set_writer(self, writer: Any) -> None:
-        """Attach a ``torch.utils.tensorboard.SummaryWriter`` (or ``None`` to stop logging).
-
-        The "Class Distances" custom-scalars layout is registered once per writer.
-        """
-        if writer is not None and not hasattr(writer, "add_scalar"):
-            raise TypeError(
-                f"summaryWriter must be a torch.utils.tensorboard.SummaryWriter (or None), got {type(writer).__name__}"
-            )
-        if writer is self.writer and self._layout_registered:
-            return
-        self.writer = writer
-        self._layout_registered = False
-        if writer is not None and hasattr(writer, "add_custom_scalars"):
-            writer.add_custom_scalars(self._layout())
-            self._layout_registered = True
-
-    def _log(self, step: Any) -> None:
-        if self.writer is None or step is None:
-            return
-        for name, value in self.margin_scalars().items():
-            self.writer.add_scalar(name, value, step)
+        if device is not None:
+            self.to(device)
+        self.set_writer(summaryWriter)
 
     # -- the loss ----------------------------------------------------------
     def _check_inputs(self, prediction: Any, target: Any) -> None:
@@ -472,7 +323,7 @@ class _OrdinalContrastiveLossBase(Loss):
             :func:`cloc_lightning.distributed.global_mean`).
         """
         self._check_inputs(prediction, target)
-        raw = self._raw_margins()
+        raw = self.raw_margins()
         if raw.device != prediction.device:
             raise ValueError(
                 f"the margins are on {raw.device} but prediction on {prediction.device}; "
@@ -503,7 +354,7 @@ class _OrdinalContrastiveLossBase(Loss):
             denom = n_pos * n_neg * n_neg if self.reduction == "official" else n_pos * n_neg
             per_anchor = sums / denom.clamp_min(1.0)
             loss = dist_utils.global_mean(per_anchor) if self.gather_distributed else per_anchor.mean()
-        self._log(step)
+        self.write_scalars(step)
         return loss
 
     def extra_repr(self) -> str:
@@ -511,7 +362,7 @@ class _OrdinalContrastiveLossBase(Loss):
                 f"gather_distributed={self.gather_distributed}, check_finite={self.check_finite}")
 
 
-class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # the reference's public name
+class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase, MultiMargins):  # the reference's public name
     """CLOC with multiple margins: one learnable or fixed margin between each pair of adjacent classes.
 
     Pitawela, Carneiro, Chen, "CLOC: Contrastive Learning for Ordinal Classification with
@@ -557,46 +408,8 @@ class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase):  # the reference's
         >>> phase_two_map = crit.to_learnable_map('fixed')  # [['fixed', 0.12], ...]
     """
 
-    learnable_mask: torch.Tensor
-    learnable_index: torch.Tensor
-    fixed_raw: torch.Tensor
 
-    def __init__(
-        self,
-        n_classes: int,
-        device: torch.device | str | None = None,
-        learnable_map: Sequence[Sequence[Any]] | None = None,
-        summaryWriter: Any = None,  # the reference's public name
-        *,
-        reduction: Reduction = "official",
-        gather_distributed: bool = False,
-        check_finite: bool = True,
-    ) -> None:
-        n = check_int("n_classes", n_classes, 2, hint=_N_CLASSES_HINT)
-        entries = _parse_learnable_map(learnable_map, n - 1, f"OrdinalContrastiveLoss_mm(n_classes={n})")
-        super().__init__(n, reduction=reduction, gather_distributed=gather_distributed, check_finite=check_finite)
-        raw = torch.stack([_init_raw(v) for _, v in entries]).float()
-        mask = torch.tensor([k == "learnable" for k, _ in entries], dtype=torch.bool)
-        index = torch.nonzero(mask).flatten()
-        self.register_buffer("fixed_raw", torch.where(mask, torch.zeros_like(raw), raw))
-        self.register_buffer("learnable_mask", mask)
-        self.register_buffer("learnable_index", index)
-        self.learnables = nn.Parameter(raw[index].clone(), requires_grad=bool(index.numel() > 0))
-        if device is not None:
-            self.to(device)
-        self.set_writer(summaryWriter)
-
-    def margin_kinds(self) -> list[str]:
-        trainable = bool(self.learnables.requires_grad)
-        return ["learnable" if bool(m) and trainable else "fixed" for m in self.learnable_mask.tolist()]
-
-    def _raw_margins(self) -> torch.Tensor:
-        if self.learnable_index.numel() == 0:
-            return self.fixed_raw
-        return self.fixed_raw.index_put((self.learnable_index,), self.learnables.to(self.fixed_raw.dtype))
-
-
-class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # the reference's public name
+class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase, SingleMargin):  # the reference's public name
     """CLOC with a single margin shared by every pair of adjacent classes.
 
     Same loss as :class:`OrdinalContrastiveLoss_mm` (Pitawela et al., CVPR 2025; reference
@@ -628,51 +441,3 @@ class OrdinalContrastiveLoss_sm(_OrdinalContrastiveLossBase):  # the reference's
         >>> round(float(torch.nn.functional.softplus(crit.distance.detach())), 2)
         0.47
     """
-
-    distance: torch.Tensor
-
-    def __init__(
-        self,
-        n_classes: int,
-        device: torch.device | str | None = None,
-        learnable_map: Sequence[Sequence[Any]] | None = None,
-        summaryWriter: Any = None,  # the reference's public name
-        *,
-        reduction: Reduction = "official",
-        gather_distributed: bool = False,
-        check_finite: bool = True,
-    ) -> None:
-        n = check_int("n_classes", n_classes, 2, hint=_N_CLASSES_HINT)
-        (kind, value), = _parse_learnable_map(learnable_map, 1, "OrdinalContrastiveLoss_sm (a single margin)")
-        super().__init__(n, reduction=reduction, gather_distributed=gather_distributed, check_finite=check_finite)
-        raw = _init_raw(value).float().reshape(1)
-        if kind == "learnable":
-            self.distance = nn.Parameter(raw)
-        else:
-            self.register_buffer("distance", raw)
-        if device is not None:
-            self.to(device)
-        self.set_writer(summaryWriter)
-
-    @property
-    def learnable(self) -> bool:
-        """Whether the single margin is learnable (else a fixed buffer)."""
-        return isinstance(self.distance, nn.Parameter)
-
-    def _raw_margins(self) -> torch.Tensor:
-        return self.distance.expand(self.n_distances)
-
-    def logged_names(self) -> list[str]:
-        return ["Margin"]
-
-    def margin_values(self) -> dict[str, torch.Tensor]:
-        return {"Margin": F.softplus(self.distance.detach())[0]}
-
-    def margin_kinds(self) -> list[str]:
-        return ["learnable" if self.learnable and self.distance.requires_grad else "fixed"]
-
-    def to_learnable_map(self, kind: MarginKind | None = "fixed") -> list[list[Any]]:
-        """The margin as a one-entry ``learnable_map`` (plain Python), e.g. ``[['fixed', 0.47]]``
-        (``kind=None``: its current kind)."""
-        _check_kind(kind)
-        return [[kind or self.margin_kinds()[0], float(F.softplus(self.distance.detach()).cpu()[0])]]

@@ -17,54 +17,22 @@ callback writes, weights from ``init_from``).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-import yaml
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from cloc_lightning import distributed as dist_utils
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
+from cloc_lightning.losses.cloc_margins import LearnableMap, load_learnable_map
 from cloc_lightning.methods.base import ClassifierModule
 from cloc_lightning.nn.heads import MLPHead
+from cloc_lightning.validation import check_int
 
-__all__ = ["CLOCModule", "load_learnable_map"]
-
-LearnableMap = list[list[Any]]
-
-
-def load_learnable_map(value: LearnableMap | str | None) -> LearnableMap | None:
-    """A ``learnable_map`` from a list, a YAML/JSON file path or a YAML string.
-
-    Files written by :class:`~cloc_lightning.callbacks.CLOCMarginFreeze` hold
-    ``{'learnable_map': [[kind, value], ...], ...}``; a bare list works too.
-    """
-    if value is None or isinstance(value, list):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"learnable_map must be a list of [kind, value] pairs or a YAML file path, got {type(value).__name__}")
-    path = os.path.expanduser(value)
-    if os.path.isfile(path):
-        with open(path) as f:
-            loaded = yaml.safe_load(f)
-    elif value.strip().startswith("["):
-        loaded = yaml.safe_load(value)
-    else:
-        raise FileNotFoundError(
-            f"learnable_map file {value!r} does not exist; pass the margins YAML written by CLOCMarginFreeze "
-            "(<log_dir>/cloc_margins.yaml) or an inline list like [[fixed, 0.5], [fixed, 0.7]]"
-        )
-    if isinstance(loaded, dict):
-        if "learnable_map" not in loaded:
-            raise ValueError(f"{value!r} has no 'learnable_map' key (keys: {sorted(loaded)})")
-        loaded = loaded["learnable_map"]
-    if not isinstance(loaded, list):
-        raise ValueError(f"{value!r} does not hold a list of [kind, value] pairs")
-    return loaded
+__all__ = ["CLOCModule"]
 
 
 class CLOCModule(ClassifierModule):
@@ -89,7 +57,10 @@ class CLOCModule(ClassifierModule):
         margin_weight_decay: weight decay of the margins (default 0).
         gather_distributed: under DDP, contrast each rank's anchors with the global
             batch (features with gradients, labels gathered); a no-op on one process.
-        log_margins_every_n_steps: how often margins are logged (``margins/C{i}-C{i+1}``).
+        log_margins_every_n_steps: how often the margins are logged (``margins/C{i}-C{i+1}``, the
+            values before that step's update); the one cadence of the margin history:
+            :class:`~cloc_lightning.callbacks.CLOCMarginPlot` records at the same steps unless
+            given its own ``every_n_steps``.  ``0`` logs no margins.
         **kwargs: :class:`~cloc_lightning.methods.base.ClassifierModule` and
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``backbone``,
             ``init_from``, ``optimizer`` (Adam by default, as the CLOC README), ``lr``, ...).
@@ -121,13 +92,13 @@ class CLOCModule(ClassifierModule):
             raise ValueError(f"loss_weight must be >= 0, got {loss_weight}")
         if projector_dim is not None and cloc_on != "features":
             raise ValueError("projector_dim only applies with cloc_on: features")
-        resolved_map = load_learnable_map(learnable_map)
+        check_int("log_margins_every_n_steps", log_margins_every_n_steps, 0, hint="0 logs no margins")
+        resolved_map = load_learnable_map(learnable_map)  # validated by the criterion (the margins' owner)
         super().__init__(num_classes=num_classes, **kwargs)
         # store the resolved map, so a checkpoint does not depend on the YAML file
         self.hparams["learnable_map"] = resolved_map
         self.projector = self.build_projector()
         self.cloc_loss = self.build_loss()
-        self.margins_frozen = False
         # The margins stay out of DDP's reducer: freezing them mid-fit (phase two) would otherwise
         # leave parameters the reducer waits for ("parameters that were not used in producing the
         # loss") under plain ``strategy: ddp``.  Their gradients are averaged over ranks in
@@ -143,7 +114,8 @@ class CLOCModule(ClassifierModule):
         return MLPHead(self.feature_dim, self.feature_dim, dim)
 
     def build_loss(self) -> OrdinalContrastiveLoss_mm | OrdinalContrastiveLoss_sm:
-        """The CLOC criterion (its margins are parameters/buffers of this module)."""
+        """The CLOC criterion; it owns the margins (:class:`~cloc_lightning.losses.cloc_margins.CLOCMargins`:
+        parse, validate, freeze, log, YAML), which are parameters/buffers of this module."""
         h = self.hparams
         cls = OrdinalContrastiveLoss_mm if h.margin_mode == "mm" else OrdinalContrastiveLoss_sm
         return cls(
@@ -161,7 +133,7 @@ class CLOCModule(ClassifierModule):
 
     def margin_parameters(self) -> list[nn.Parameter]:
         """The trainable raw margins (empty when all are fixed or frozen)."""
-        return [p for p in self.cloc_loss.parameters() if p.requires_grad and p.numel() > 0]
+        return self.cloc_loss.margin_parameters()
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Model parameters with the base settings; margins in their own group (``margin_lr``/``margin_weight_decay``)."""
@@ -177,35 +149,37 @@ class CLOCModule(ClassifierModule):
         return groups
 
     # ---------------------------------------------------------------- margins
-    def freeze_margins(self) -> list[list[Any]]:
-        """Stop the margins from learning (phase two): no grad, out of the optimiser.
+    @property
+    def margins_frozen(self) -> bool:
+        """Whether phase one ended (read from the margins' owner, ``cloc_loss.frozen``)."""
+        return self.cloc_loss.frozen
 
-        Returns the all-``fixed`` ``learnable_map`` of the current margins.  Safe to
-        call again; called by :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.
+    def freeze_margins(self) -> list[list[Any]]:
+        """Stop the margins from learning (phase two): the owner freezes them, the optimisers drop them.
+
+        Records the trainer's epoch and step with the freeze (``cloc_loss.frozen_at``) and returns
+        the all-``fixed`` ``learnable_map`` of the current margins.  Safe to call again; called by
+        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.
         """
-        params = list(self.cloc_loss.parameters())
-        for p in params:
-            p.requires_grad_(False)
-            p.grad = None
-        self.margins_frozen = True
-        if self._trainer is not None and self.trainer.optimizers:
-            _remove_params_from_optimizer(self.trainer, params)
-        return self.cloc_loss.to_learnable_map("fixed")
+        params = self.margin_parameters()
+        if self._trainer is None:
+            learnable_map = self.cloc_loss.freeze()
+        else:
+            learnable_map = self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
+            if self.trainer.optimizers:
+                _remove_params_from_optimizer(self.trainer, params)
+        return learnable_map
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["cloc"] = {
-            "margins_frozen": self.margins_frozen,
-            "learnable_map": self.cloc_loss.to_learnable_map("fixed" if self.margins_frozen else None),
-            "margin_names": self.cloc_loss.margin_names(),
-        }
+        checkpoint["cloc"] = self.cloc_loss.checkpoint_record()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        if checkpoint.get("cloc", {}).get("margins_frozen"):
-            for p in self.cloc_loss.parameters():
-                p.requires_grad_(False)
-            self.margins_frozen = True
+        record = dict(checkpoint.get("cloc", {}))
+        if record.get("margins_frozen") and record.get("frozen_at") is None:
+            record["frozen_at"] = _frozen_at_in_callback_states(checkpoint)
+        self.cloc_loss.load_checkpoint_record(record)
 
     def configure_callbacks(self) -> list[Any]:
         """The base callbacks plus a :class:`~cloc_lightning.callbacks.CLOCMarginPlot` unless one is configured."""
@@ -233,8 +207,7 @@ class CLOCModule(ClassifierModule):
         dist_utils.broadcast_([*self.cloc_loss.parameters(), *self.cloc_loss.buffers()])
         logger = self.logger
         if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
-            tags = [f"margins/{n}" for n in self.cloc_loss.logged_names()]
-            logger.experiment.add_custom_scalars({"Class Distances": {"margins": ["Multiline", tags]}})
+            logger.experiment.add_custom_scalars(self.cloc_loss.tensorboard_layout("margins/"))
 
     def on_after_backward(self) -> None:
         """Average the learnable margins' gradients over ranks (what DDP does for the other parameters).
@@ -245,7 +218,7 @@ class CLOCModule(ClassifierModule):
         """
         if not dist_utils.is_distributed():
             return
-        params = [p for p in self.cloc_loss.parameters() if p.requires_grad]
+        params = self.cloc_loss.margin_parameters()
         grads = []
         for p in params:
             if p.grad is None:
@@ -282,8 +255,7 @@ class CLOCModule(ClassifierModule):
         self.log("train/acc", (logits.argmax(1) == y).float().mean(), batch_size=n)
         every = self.hparams.log_margins_every_n_steps
         if every and self.global_step % every == 0:  # device tensors: read only when the logger writes
-            values = self.cloc_loss.margin_values()
-            self.log_dict({f"margins/{k}": v for k, v in values.items()}, batch_size=n)
+            self.log_dict({f"margins/{k}": v for k, v in self.cloc_loss.margin_values().items()}, batch_size=n)
         return loss
 
 
@@ -314,3 +286,17 @@ def _remove_params_from_optimizer(trainer: Any, params: list[nn.Parameter]) -> N
                 if isinstance(seq, list) and len(seq) == n_groups + len(removed):
                     for gi in reversed(removed):
                         del seq[gi]
+
+
+def _frozen_at_in_callback_states(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """When the margins were frozen, for checkpoints written before their ``cloc`` record said it.
+
+    Those kept it only in the callbacks' states: ``CLOCMarginFreeze``'s ``frozen_at``, else
+    ``CLOCMarginPlot``'s ``frozen_step``.
+    """
+    states = checkpoint.get("callbacks", {})
+    frozen_at = states.get("CLOCMarginFreeze", {}).get("frozen_at")
+    if frozen_at:
+        return dict(frozen_at)
+    step = states.get("CLOCMarginPlot", {}).get("frozen_step")
+    return None if step is None else {"epoch": None, "step": step}

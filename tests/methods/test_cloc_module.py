@@ -14,7 +14,7 @@ from cloc_lightning.callbacks import CLOCMarginFreeze, CLOCMarginPlot
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.methods import CLOCModule
-from cloc_lightning.methods.cloc import load_learnable_map
+from cloc_lightning.losses.cloc_margins import load_learnable_map
 from tests.conftest import REPO, TINY_BACKBONE, run_cli
 
 
