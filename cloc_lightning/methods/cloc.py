@@ -159,16 +159,29 @@ class CLOCModule(ClassifierModule):
 
         Records the trainer's epoch and step with the freeze (``cloc_loss.frozen_at``) and returns
         the all-``fixed`` ``learnable_map`` of the current margins.  Safe to call again; called by
-        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.
+        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.  (A freeze through the owner itself,
+        ``cloc_loss.freeze()``, is completed before the next training step.)
         """
-        params = self.margin_parameters()
         if self._trainer is None:
-            learnable_map = self.cloc_loss.freeze()
-        else:
-            learnable_map = self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
-            if self.trainer.optimizers:
-                _remove_params_from_optimizer(self.trainer, params)
+            return self.cloc_loss.freeze()
+        learnable_map = self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
+        self._drop_margins_from_optimizers()
         return learnable_map
+
+    def _drop_margins_from_optimizers(self) -> None:
+        """Remove the (frozen) margins and their state from the trainer's optimisers, where one still holds them."""
+        if self._trainer is None or not self.trainer.optimizers:
+            return
+        margins = list(self.cloc_loss.parameters())
+        ids = {id(p) for p in margins}
+        if any(id(p) in ids for opt in self.trainer.optimizers for group in opt.param_groups for p in group["params"]):
+            _remove_params_from_optimizer(self.trainer, margins)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """The base checks; frozen margins leave the optimisers before the step, however they were frozen."""
+        super().on_train_batch_start(batch, batch_idx)
+        if self.cloc_loss.frozen:
+            self._drop_margins_from_optimizers()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -132,6 +132,79 @@ def test_final_margins_yaml_without_freeze_and_load_learnable_map(tmp_path: Path
         load_learnable_map("no_such_margins.yaml")
 
 
+class _FreezeThroughTheOwner(L.Callback):
+    """Freezes the margins at the start of epoch 1 through their owner (the loss), not the module or CLOCMarginFreeze."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            pl_module.cloc_loss.freeze(epoch=trainer.current_epoch, step=trainer.global_step)
+
+
+def test_a_freeze_through_the_owner_is_what_every_reader_reports(tmp_path: Path) -> None:
+    """One record of the frozen state: the module, the loss, both callbacks and the checkpoint read the owner's."""
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
+    freeze, plot = CLOCMarginFreeze(), CLOCMarginPlot(every_n_steps=1)  # freeze_at_epoch=None: never freezes itself
+    seen: list[torch.Tensor] = []
+
+    class Watch(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            seen.append(pl_module.cloc_loss.margins().detach().clone())
+
+    trainer = _trainer(tmp_path, [_FreezeThroughTheOwner(), freeze, plot, Watch()], max_epochs=3)
+    trainer.fit(m, datamodule=_dm())
+    when = {"epoch": 1, "step": 4}  # 4 steps per epoch
+    assert m.cloc_loss.frozen and m.cloc_loss.frozen_at == when and m.margins_frozen
+    assert m.cloc_loss.margin_kinds() == ["fixed"] * 3 and m.margin_parameters() == []
+    assert freeze.frozen_at == when and plot.frozen_step == 4
+    assert freeze.path is None  # frozen: no final-margins YAML, as after a freeze by the callback
+    assert torch.equal(seen[0], seen[1]) and torch.equal(seen[1], seen[2])  # nothing moved after the freeze
+    assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["model"]  # the optimiser dropped them
+    last = trainer.checkpoint_callback.last_model_path
+    ckpt = torch.load(last, weights_only=False)
+    assert ckpt["cloc"]["margins_frozen"] and ckpt["cloc"]["frozen_at"] == when
+    assert [k for k, _ in ckpt["cloc"]["learnable_map"]] == ["fixed"] * 3
+    assert ckpt["callbacks"]["CLOCMarginFreeze"]["frozen_at"] == when
+    assert ckpt["callbacks"]["CLOCMarginPlot"]["frozen_step"] == 4
+    # and back: a loaded module and a resumed fit's callbacks report the same freeze
+    loaded = CLOCModule.load_from_checkpoint(last)
+    assert loaded.margins_frozen and loaded.cloc_loss.frozen_at == when
+    m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
+    freeze2, plot2 = CLOCMarginFreeze(), CLOCMarginPlot(every_n_steps=1)
+    t2 = _trainer(tmp_path, [freeze2, plot2], max_epochs=4)
+    t2.fit(m2, datamodule=_dm(), ckpt_path=last)
+    assert t2.global_step == 16 and m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), seen[-1])
+    assert freeze2.frozen_at == when and plot2.frozen_step == 4
+
+
+def test_checkpoints_from_before_the_record_tell_when_they_were_frozen() -> None:
+    """The stored fixture's ``cloc`` entry has no ``frozen_at``: the callbacks' states it was written with say it."""
+    from tests._reliability import FIXTURE_CKPT
+
+    stored = torch.load(FIXTURE_CKPT, map_location="cpu", weights_only=False)
+    assert "frozen_at" not in stored["cloc"]
+    model = CLOCModule.load_from_checkpoint(str(FIXTURE_CKPT), map_location="cpu", weights_only=False)
+    assert model.margins_frozen and model.cloc_loss.frozen_at == stored["callbacks"]["CLOCMarginFreeze"]["frozen_at"]
+
+
+def test_the_margin_plot_keeps_the_logged_margins_at_the_module_cadence(tmp_path: Path) -> None:
+    """One cadence: CLOCMarginPlot() records what the module logs, at log_margins_every_n_steps (and the end)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=3)
+    plot = CLOCMarginPlot()
+    assert plot.every_n_steps is None
+    trainer = _trainer(tmp_path, [plot], max_epochs=2)  # 8 steps
+    trainer.fit(m, datamodule=_dm())
+    assert plot.steps == [0, 3, 6, 8]
+    acc = EventAccumulator(str(trainer.log_dir), size_guidance={"scalars": 0}).Reload()
+    for i, name in enumerate(m.cloc_loss.margin_names()):
+        logged = {e.step: e.value for e in acc.Scalars(f"margins/{name}")}
+        assert [logged[s] for s in plot.steps[:-1]] == pytest.approx([v[i] for v in plot.values[:-1]], rel=0, abs=0)
+    assert [e.step for e in acc.Scalars("margins/C0-C1")][:1] == [0]
+    with pytest.raises(ValueError, match="log_margins_every_n_steps must be >= 0"):
+        CLOCModule(num_classes=4, backbone=TINY_BACKBONE, log_margins_every_n_steps=-1)
+
+
 def test_wrong_length_phase_two_map_is_an_error(tmp_path: Path) -> None:
     p = tmp_path / "m.yaml"
     p.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5], ["fixed", 0.6]]}))
