@@ -13,8 +13,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from cloc_lightning.callbacks import CLOCMarginFreeze, CLOCMarginPlot
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
-from cloc_lightning.methods import CLOCModule
 from cloc_lightning.losses.cloc_margins import load_learnable_map
+from cloc_lightning.methods import CLOCModule
 from tests.conftest import REPO, TINY_BACKBONE, run_cli
 
 
