@@ -68,9 +68,14 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().clone() for k, v in model.named_parameters() if v.requires_grad}
 
 
+#: the precisions every module trains under in the fast tier (the default and what GPU users run); the others
+#: (64-true, bf16-true, 16-mixed: 16-mixed falls back to bf16-mixed on CPU) run in the long tier (``-m slow``)
+FAST_PRECISIONS = ("32-true", "bf16-mixed")
+
+
 @pytest.mark.parametrize(
     "name, precision",
-    [(n, p) for n in NAMES for p in TRAINS],
+    [pytest.param(n, p, marks=() if p in FAST_PRECISIONS else pytest.mark.slow) for n in NAMES for p in TRAINS],
 )
 def test_module_trains_under_precision(name: str, precision: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
