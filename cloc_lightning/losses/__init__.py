@@ -15,6 +15,7 @@ scalar and the named parts a method logs.
 
 from cloc_lightning.losses.base import Loss, LossOutput
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
+from cloc_lightning.losses.cloc_margins import CLOCMargins, load_learnable_map
 from cloc_lightning.losses.ordinal_regression import (
     CORALLoss,
     CORNLoss,
@@ -33,6 +34,8 @@ from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 __all__ = [
     "OrdinalContrastiveLoss_mm",
     "OrdinalContrastiveLoss_sm",
+    "CLOCMargins",
+    "load_learnable_map",
     "Loss",
     "LossOutput",
     "OrdinalCLIPLoss",
