@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness import Stats, markdown_table, time_interleaved, write_results
 from cloc_lightning.methods import CLOCModule
-from cloc_lightning.methods.base import lr_factor
+from cloc_lightning.methods.optim import lr_factor
 
 GOAL_OVERHEAD = 0.05
 BATCH = 64

@@ -1,4 +1,4 @@
-"""What a checkpoint records about the module that wrote it, and the check that a checkpoint fits a module.
+"""What a checkpoint records about the module that wrote it, the check that a checkpoint fits a module, and the one checkpoint reader.
 
 Every :class:`~cloc_lightning.methods.base.BaseModule` checkpoint holds
 ``checkpoint[MODULE_META_KEY]``: the module's class path, the class paths of its bases
@@ -16,6 +16,11 @@ which weights form the evaluation encoder and how to rebuild it, read by
 classmethod ``encoder_state_dict(checkpoint)``; else its ``encoder_prefix`` (e.g.
 ``'target_encoder.'``); else :data:`DEFAULT_ENCODER_PREFIX`.  A plain ``state_dict`` file
 works too, with the architecture given explicitly.
+
+Every checkpoint file the package reads itself goes through :func:`read_checkpoint` (clear
+errors for a missing file, a text/YAML file or an unreadable one): ``init_from``
+(:func:`load_matching_weights`, ``BaseModule.load_weights``), the encoder of the probes
+(:func:`load_encoder`), ``export-prototypes``, ``--ckpt_path`` and exact resume.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ __all__ = [
     "load_encoder_weights",
     "build_encoder",
     "read_checkpoint",
+    "INIT_FROM_HINT",
+    "load_matching_weights",
 ]
 
 #: checkpoint entry written by :func:`module_record`
@@ -293,6 +300,40 @@ def read_checkpoint(
     if not isinstance(ckpt, dict):
         raise ValueError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict or state_dict")
     return ckpt
+
+
+#: what ``init_from`` takes (the hint of its file errors)
+INIT_FROM_HINT = (
+    "init_from takes a .ckpt file (e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt) or a "
+    "state_dict saved with torch.save; a CLOC margins YAML goes to --model.learnable_map"
+)
+
+
+def load_matching_weights(module: nn.Module, path: str, exclude: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Load the weights of the checkpoint (or ``state_dict`` file) ``path`` that ``module`` has too (``init_from``).
+
+    Weights only: no optimiser state, epoch or hyper-parameters.  Keys starting with a prefix
+    in ``exclude`` are skipped; a key present in both with a different shape is an error, and
+    so is a file that shares no weight with ``module``.  Returns ``{'loaded', 'missing',
+    'unexpected'}`` (key lists: loaded; in ``module`` but not loaded; in the file but not in
+    ``module``).
+    """
+    ckpt = read_checkpoint(path, what="init_from checkpoint", hint=INIT_FROM_HINT)
+    state = ckpt.get("state_dict", ckpt)
+    if not isinstance(state, dict) or not any(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"init_from {path!r} is neither a Lightning checkpoint nor a state_dict of tensors")
+    own = module.state_dict()
+    skip = tuple(exclude)
+    take = {k: v for k, v in state.items() if k in own and isinstance(v, torch.Tensor) and not k.startswith(skip)}
+    bad = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in take.items() if v.shape != own[k].shape]
+    if bad:
+        raise ValueError(f"init_from {path!r} does not fit this model (shape mismatch): {bad[:5]}")
+    if not take:
+        raise ValueError(f"init_from {path!r} shares no weights with {type(module).__name__} (keys like {list(state)[:3]})")
+    module.load_state_dict(take, strict=False)
+    missing = [k for k in own if k not in take and not k.startswith(skip)]
+    unexpected = [k for k in state if k not in own]
+    return {"loaded": list(take), "missing": missing, "unexpected": unexpected}
 
 
 def _prefixes(keys: Sequence[str]) -> list[str]:

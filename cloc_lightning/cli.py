@@ -112,7 +112,7 @@ _LIGHTNING_OPTIM_KEYS = ("optimizer", "lr_scheduler")
 def _optimizer_keys_message(given: str) -> str:
     from typing import get_args
 
-    from cloc_lightning.methods.base import OptimizerName, SchedulerName
+    from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 
     return (
         f"{given}: cloc-lightning has no --optimizer/--lr_scheduler options (LightningCLI's would replace the module's "

@@ -24,6 +24,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from torch import nn
 
 import cloc_lightning.data  # noqa: F401  (registers the data modules for --data)
+from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.helptext import CLOCHelpFormatter
@@ -119,11 +120,13 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
                         help="value of rank 0 for predict(): rank_values = offset + arange(R) (e.g. min_age)")
     parser.add_argument("--rank-step", type=float, default=1.0, help="spacing of the rank values (default 1)")
     args = parser.parse_args(argv)
-    if not os.path.isfile(args.ckpt):
-        parser.error(f"checkpoint {args.ckpt!r} does not exist")
-    ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=False)
-    hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
-    state = ckpt.get("state_dict", {}) if isinstance(ckpt, dict) else {}
+    try:  # memory-mapped: only the hyper-parameters and key names are read here
+        ckpt = read_checkpoint(args.ckpt, mmap=True, what="checkpoint", hint="give an OrdinalCLIPModule checkpoint "
+                               "(.ckpt) written by `cloc-lightning fit`")
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
+    hp = ckpt.get("hyper_parameters", {})
+    state = ckpt.get("state_dict", {})
     if "clip_model" not in hp or not any(k.startswith("head.") for k in state):
         parser.error(f"{args.ckpt!r} is not an OrdinalCLIPModule checkpoint (no clip_model hyper-parameter or head)")
     overrides: dict[str, Any] = {"init_from": None}

@@ -11,7 +11,8 @@ Three layers, usable on their own:
 * **Features** -- :func:`extract_features` runs an encoder over a loader (eval mode,
   no gradients) and returns NumPy arrays; unlabelled rows (label < 0) are dropped.
 * **The offline probe** -- :func:`logistic_regression_probe`: scikit-learn
-  ``LogisticRegression`` on frozen features.  :func:`probe_checkpoint` chains all three
+  ``LogisticRegression`` on frozen features (:func:`knn_accuracy`: a weighted kNN
+  classifier on the same features).  :func:`probe_checkpoint` chains all three
   for a checkpoint and a data module, and ``cloc-lightning probe``
   (:func:`cloc_lightning.commands.probe_main`) is its command line.
 
@@ -53,6 +54,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from cloc_lightning.checkpoints import build_encoder, load_encoder
+from cloc_lightning.nn.online_probe import knn_predict
 from cloc_lightning.validation import check_choice
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "probe_settings",
     "extract_features",
     "logistic_regression_probe",
+    "knn_accuracy",
     "labelled_loader",
     "probe_checkpoint",
 ]
@@ -237,6 +240,37 @@ def logistic_regression_probe(
     }
     if len(classes) >= 5:
         result["top5"] = float((classes[order[:, :5]] == test_y[:, None]).any(axis=1).mean())
+    return result
+
+
+def knn_accuracy(
+    train_features: torch.Tensor | np.ndarray,
+    train_labels: torch.Tensor | np.ndarray,
+    test_features: torch.Tensor | np.ndarray,
+    test_labels: torch.Tensor | np.ndarray,
+    k: int = 20,
+    temperature: float = 0.07,
+    num_classes: int | None = None,
+) -> dict[str, float]:
+    """Top-1 (and, for >= 5 classes, top-5) accuracy of a weighted kNN classifier on a test set.
+
+    The kNN counterpart of :func:`logistic_regression_probe`, on the same inputs (the arrays
+    of :func:`extract_features`, or tensors): each test row's ``k`` most cosine-similar
+    training rows vote with weight ``exp(sim / temperature)``
+    (:func:`~cloc_lightning.nn.online_probe.knn_predict`, which the online kNN monitor uses too).
+
+    Shapes: ``train_features`` [N, D], ``train_labels`` [N], ``test_features`` [M, D],
+    ``test_labels`` [M].  Returns ``{'top1': ..., 'top5': ...}`` as fractions in [0, 1].
+    """
+    train_features, train_labels = torch.as_tensor(train_features), torch.as_tensor(train_labels)
+    test_features, test_labels = torch.as_tensor(test_features), torch.as_tensor(test_labels)
+    c = num_classes or int(max(int(train_labels.max()), int(test_labels.max()))) + 1
+    scores = knn_predict(train_features, train_labels, test_features, c, k, temperature)
+    y = test_labels.to(scores.device).long()
+    result = {"top1": float((scores.argmax(1) == y).float().mean())}
+    if c >= 5:
+        top5 = scores.topk(5, dim=1).indices
+        result["top5"] = float((top5 == y[:, None]).any(dim=1).float().mean())
     return result
 
 

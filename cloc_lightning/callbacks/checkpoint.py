@@ -20,13 +20,15 @@ last *improving* epoch, and ``--ckpt_path last`` silently re-runs the epochs aft
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
+import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 
-__all__ = ["BestCheckpoint", "LatestCheckpoint", "print_line"]
+__all__ = ["BestCheckpoint", "LatestCheckpoint", "print_line", "install_checkpoints"]
 
 
 def print_line(trainer: Any, message: str, file: TextIO | None = None) -> None:
@@ -67,7 +69,7 @@ class BestCheckpoint(ModelCheckpoint):
         """Lightning's decision, except that a NaN/inf value is never an improvement (nor a first best).
 
         The value is the same on every rank (logged metrics are synced), so the ranks agree.
-        The module says why in its own warning (``BaseModule.on_validation_end``).
+        The module's :class:`~cloc_lightning.callbacks.finite.FiniteChecks` says why in its own warning.
         """
         if current is not None and not bool(torch.isfinite(torch.as_tensor(current)).all()):
             return False
@@ -127,3 +129,72 @@ class LatestCheckpoint(ModelCheckpoint):
     def path(self) -> str:
         """The file last written (``''`` before the first save)."""
         return self.best_model_path  # an unmonitored top-1 checkpoint: its "best" is the newest
+
+
+def _is_default_checkpoint(cb: Callback) -> bool:
+    """Whether ``cb`` is Lightning's own ``ModelCheckpoint()`` (added when no checkpoint callback is configured)."""
+    if type(cb) is not ModelCheckpoint:
+        return False
+    default = ModelCheckpoint()
+    return (
+        cb.state_key == default.state_key
+        and cb.dirpath is None
+        and cb.filename is None
+        and cb.save_last is None
+        and cb.save_top_k == default.save_top_k
+        and cb.save_weights_only == default.save_weights_only
+    )
+
+
+def install_checkpoints(trainer: L.Trainer, module: Any) -> list[Callback]:
+    """Put a module's checkpoint callbacks on ``trainer``; return the trainer's callbacks after that.
+
+    What every :class:`~cloc_lightning.methods.base.BaseModule` does in ``configure_callbacks``
+    when checkpointing is enabled:
+
+    * With no ``ModelCheckpoint`` configured (only Lightning's default one), a
+      :class:`BestCheckpoint` keeps the best epoch by ``module.monitor`` (``module.monitor_mode``)
+      and rewrites ``last.ckpt`` after every epoch, improved or not.
+    * A ``ModelCheckpoint`` that you configure is kept as it is.  If it ties ``save_last`` to
+      a monitored metric (Lightning then rewrites ``last.ckpt`` only when the metric
+      improves), its ``save_last`` is switched off and a :class:`LatestCheckpoint` in the same
+      folder writes ``last.ckpt`` every epoch instead (a message says so).
+
+    Checkpoint callbacks are put on the trainer directly rather than returned by
+    ``configure_callbacks``: Lightning drops every trainer callback of a type that
+    ``configure_callbacks`` returns, which would discard checkpoints you configured (and print
+    a misleading "will override" notice).
+    """
+    current: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
+    existing = trainer.checkpoint_callbacks
+    if existing:  # checkpointing is enabled
+        added: list[Callback] = []
+        if all(_is_default_checkpoint(cb) for cb in existing):
+            current = [cb for cb in current if not _is_default_checkpoint(cb)]
+            added.append(
+                BestCheckpoint(
+                    monitor=module.monitor,
+                    mode=module.monitor_mode,
+                    filename="best-{epoch:03d}-{step}",
+                    auto_insert_metric_name=False,
+                )
+            )
+        elif not any(isinstance(cb, (LatestCheckpoint, BestCheckpoint)) for cb in current):
+            configured = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+            tied = [cb for cb in configured if cb.save_last is True and cb.monitor is not None]
+            for cb in tied:
+                cb.save_last = False
+                if trainer.is_global_zero:
+                    print(
+                        f"ModelCheckpoint(monitor={cb.monitor!r}, save_last=True) would rewrite last.ckpt only "
+                        "when the metric improves; a LatestCheckpoint writes it after every epoch instead"
+                    )
+            configured_last = any(cb.save_last for cb in configured)
+            if not configured_last or tied:
+                dirpath = tied[0].dirpath if tied else None
+                added.append(LatestCheckpoint(dirpath=None if dirpath is None else os.fspath(dirpath)))
+        if added:
+            # checkpoints run after every other callback (Lightning's own ordering)
+            current = [*current, *added]
+            trainer.callbacks = current  # type: ignore[attr-defined]
+    return current

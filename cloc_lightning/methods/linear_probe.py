@@ -23,7 +23,8 @@ from torch import nn
 from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
-from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
+from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.online_probe import masked_cross_entropy
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
-from cloc_lightning.methods.base import OptimizerName, SchedulerName
 from cloc_lightning.methods.linear_probe import LinearProbeModule
+from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 
 __all__ = ["LinearRegressorModule"]
 

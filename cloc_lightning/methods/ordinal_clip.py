@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
-from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
+from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
 from cloc_lightning.nn.prompt_learner import InterpolationKind, RankPosition, RankPromptLearner, rank_interpolation_weights

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torchmetrics import MetricCollection
 
-from cloc_lightning.checkpoints import MODULE_META_KEY, read_checkpoint
+from cloc_lightning.checkpoints import INIT_FROM_HINT, MODULE_META_KEY, read_checkpoint
 from cloc_lightning.checks import DeferredChecks
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.ordinal_regression import (
@@ -267,13 +267,7 @@ class OrdinalRegressionModule(ClassifierModule):
         From a CE / CLOC / SimCLR / other checkpoint (or a plain ``state_dict``), the keys under
         :attr:`head_prefix` are skipped and the head keeps its initialisation (said on stdout).
         """
-        checkpoint = read_checkpoint(
-            path,
-            mmap=True,
-            what="init_from checkpoint",
-            hint="init_from takes a .ckpt file (e.g. runs/<name>/version_0/checkpoints/best-*.ckpt or last.ckpt) or a "
-            "state_dict saved with torch.save",
-        )
+        checkpoint = read_checkpoint(path, mmap=True, what="init_from checkpoint", hint=INIT_FROM_HINT)
         hparams = checkpoint.get("hyper_parameters") or {}
         if self._written_by_this_method(checkpoint) and hparams.get("head") == self.hparams.head:
             return super().load_weights(path)

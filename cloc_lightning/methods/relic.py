@@ -38,7 +38,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from cloc_lightning.callbacks.checks import is_logging_step
 from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
-from cloc_lightning.methods.base import OptimizerName, SchedulerName
+from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.nn.ema import BetaSchedule, EMATarget
 from cloc_lightning.nn.heads import MLPHead

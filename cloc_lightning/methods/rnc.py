@@ -46,7 +46,7 @@ from torch import nn
 
 from cloc_lightning.checks import require
 from cloc_lightning.losses.rnc import FeatureSimilarity, LabelDistance, RnCLoss
-from cloc_lightning.methods.base import OptimizerName, SchedulerName
+from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int

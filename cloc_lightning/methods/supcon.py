@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
-from cloc_lightning.methods.base import OptimizerName, SchedulerName
+from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_int, choices

@@ -8,10 +8,11 @@ costs one ``Linear`` per step, and its accuracy tracks the linear-probe accuracy
 of the final (offline) evaluation.
 
 :class:`OnlineLinearProbe` is that head, plus its metric collections, packaged so
-a method only needs three lines (see the class docstring).  :func:`knn_predict` /
-:func:`knn_accuracy` are the weighted k-nearest-neighbour classifier of Wu et al.,
+a method only needs three lines (see the class docstring).  :func:`knn_predict` is
+the weighted k-nearest-neighbour classifier of Wu et al.,
 "Unsupervised Feature Learning via Non-Parametric Instance Discrimination", CVPR
-2018 (also DINO's ``eval_knn.py``) on L2-normalised features.  :class:`OnlineEvaluator`
+2018 (also DINO's ``eval_knn.py``) on L2-normalised features (its offline accuracy on a
+test set: :func:`cloc_lightning.probe.knn_accuracy`).  :class:`OnlineEvaluator`
 puts both together as the one online-evaluation component of a pre-training method
 (:class:`~cloc_lightning.methods.pretrain.PretrainModule`): the probe, a kNN bank of
 recent training features, their setup from the data module and their optimiser group.
@@ -34,7 +35,7 @@ from cloc_lightning.checks import require
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
-__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "knn_accuracy", "masked_cross_entropy"]
+__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "masked_cross_entropy"]
 
 Stage = Literal["train", "val", "test"]
 #: metrics of a probe: ``nominal`` (top-1/top-5) or ``ordinal`` (MAE, QWK, ...)
@@ -277,30 +278,6 @@ def knn_predict(
         scores.scatter_add_(1, labels[top_idx], weights)
         out.append(scores)
     return torch.cat(out) if out else torch.zeros(0, c)
-
-
-def knn_accuracy(
-    train_features: torch.Tensor,
-    train_labels: torch.Tensor,
-    test_features: torch.Tensor,
-    test_labels: torch.Tensor,
-    k: int = 20,
-    temperature: float = 0.07,
-    num_classes: int | None = None,
-) -> dict[str, float]:
-    """Top-1 (and, for >= 5 classes, top-5) accuracy of :func:`knn_predict` on a test set.
-
-    Shapes: ``train_features`` [N, D], ``train_labels`` [N], ``test_features`` [M, D],
-    ``test_labels`` [M].  Returns ``{'top1': ..., 'top5': ...}`` as fractions in [0, 1].
-    """
-    c = num_classes or int(max(int(train_labels.max()), int(test_labels.max()))) + 1
-    scores = knn_predict(train_features, train_labels, test_features, c, k, temperature)
-    y = test_labels.to(scores.device).long()
-    result = {"top1": float((scores.argmax(1) == y).float().mean())}
-    if c >= 5:
-        top5 = scores.topk(5, dim=1).indices
-        result["top5"] = float((top5 == y[:, None]).any(dim=1).float().mean())
-    return result
 
 
 class OnlineEvaluator:

@@ -28,7 +28,7 @@ from open_clip.transformer import QuickGELU  # noqa: E402
 from benchmarks.reference.ordinal_clip import seed_interpolation  # noqa: E402
 from benchmarks.reference.schedules import torch_epoch_lrs  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
-from cloc_lightning.methods.base import lr_factor  # noqa: E402
+from cloc_lightning.methods.optim import lr_factor  # noqa: E402
 from cloc_lightning.nn import clip as clip_mod  # noqa: E402
 from cloc_lightning.nn.clip import load_clip  # noqa: E402
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights  # noqa: E402

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from benchmarks.reference.schedules import supcontrast_lrs
-from cloc_lightning.methods.base import lr_factor
+from cloc_lightning.methods.optim import lr_factor
 from cloc_lightning.nn.backbones import create_backbone
 
 

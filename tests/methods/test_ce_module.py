@@ -12,7 +12,7 @@ from torch import nn
 
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule
-from cloc_lightning.methods.base import lr_factor
+from cloc_lightning.methods.optim import lr_factor
 from tests.conftest import TINY_BACKBONE
 
 

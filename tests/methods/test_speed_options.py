@@ -21,7 +21,7 @@ from torch import nn
 from cloc_lightning.cli import main
 from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, CLOCModule, LinearProbeModule, ReLICModule, SupConModule
-from cloc_lightning.methods import base as base_module
+from cloc_lightning.methods import optim as optim_module
 from cloc_lightning.nn.backbones import create_backbone
 from tests.conftest import TINY_BACKBONE
 
@@ -369,7 +369,7 @@ def test_mistakes_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     with pytest.raises(TypeError, match=r"_Wrapped.backbone is a torch.compile\(...\) wrapper.*'_orig_mod\.'.*compile_backbone: true"):
         _fit(_Wrapped(num_classes=4, backbone=TINY_BACKBONE), tmp_path / "wrapped")
 
-    monkeypatch.setattr(base_module, "_fused_devices", lambda: ["cuda"])  # a device without fused kernels
+    monkeypatch.setattr(optim_module, "fused_devices", lambda: ["cuda"])  # a device without fused kernels
     with pytest.raises(ValueError, match=r"fused AdamW kernels for \['cuda'\] only.*on \['cpu'\]; set optimizer_fused: null"):
         _ce(optimizer="adamw", optimizer_fused=True, scheduler="none").configure_optimizers()
 

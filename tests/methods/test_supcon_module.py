@@ -16,7 +16,8 @@ from cloc_lightning.checkpoints import ENCODER_META_KEY
 from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
 from cloc_lightning.losses.supcon import SupConLoss
 from cloc_lightning.methods import SupConModule
-from cloc_lightning.nn.online_probe import OnlineLinearProbe, _metric_values, knn_accuracy, knn_predict
+from cloc_lightning.nn.online_probe import OnlineLinearProbe, _metric_values, knn_predict
+from cloc_lightning.probe import knn_accuracy
 from tests.conftest import TINY_BACKBONE
 
 
