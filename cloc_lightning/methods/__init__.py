@@ -11,6 +11,7 @@ from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.methods.relic import ReLICModule
 from cloc_lightning.methods.rnc import RnCModule
 from cloc_lightning.methods.supcon import SupConModule
+from cloc_lightning.methods.tracking import BestFinalTracking
 
 __all__ = ["BaseModule", "ClassifierModule", "PretrainModule", "CEModule", "CLOCModule"]
 __all__ += ["LinearProbeModule", "SupConModule"]
@@ -18,3 +19,4 @@ __all__ += ["OrdinalCLIPModule"]
 __all__ += ["ReLICModule"]
 __all__ += ["RnCModule", "LinearRegressorModule"]
 __all__ += ["OrdinalRegressionModule"]
+__all__ += ["BestFinalTracking"]
