@@ -22,18 +22,13 @@ from cloc_lightning.callbacks import BestCheckpoint, LatestCheckpoint
 from cloc_lightning.checkpoints import MODULE_META_KEY, CheckpointMismatchError, checkpoint_mismatch
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, CLOCModule
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer, tiny_shapes
 
-
-def _dm() -> OrdinalShapesDataModule:
-    return OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
+_dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
 def _trainer(tmp_path: Path, callbacks: list[Any] | None = None, epochs: int = 4) -> L.Trainer:
-    return L.Trainer(
-        default_root_dir=str(tmp_path), max_epochs=epochs, accelerator="cpu", logger=False, callbacks=callbacks or [],
-        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2, limit_val_batches=2,
-    )
+    return cpu_trainer(tmp_path, max_epochs=epochs, callbacks=callbacks or [], limit_train_batches=2, limit_val_batches=2)
 
 
 class WorseEveryEpoch(L.Callback):

@@ -24,13 +24,13 @@ from tests._reliability import (
     RELIC_ARGS,
     SMALL,
     _all_finite,
-    _cli_env,
     _fit,
     _relic_views,
     _shapes,
     _trainer,
     assert_same,
 )
+from tests.conftest import cli_env
 
 
 @pytest.mark.parametrize("method", ["cloc", "relic-mini-batches"])
@@ -139,7 +139,7 @@ def test_checkpoint_map_location_and_strict_loading(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fixture_generator_regenerates_a_small_loadable_checkpoint(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(FIXTURES / "make_fixtures.py"), "--out", str(tmp_path)],
-                          cwd=tmp_path, env=_cli_env(), capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = tmp_path / FIXTURE_CKPT.name
     assert ckpt.stat().st_size < 500 * 1024 and sorted(p.name for p in tmp_path.iterdir()) == sorted(

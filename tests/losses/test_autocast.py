@@ -50,13 +50,8 @@ GRAD_RTOL = {torch.float32: 2e-4, torch.bfloat16: 2.0**-8 + 2e-4}
 GRAD_ATOL_OF_MAX = 2e-5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Any:
-    """The references run many small ops; on a shared 2-core machine one thread is faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: the references run many small ops; on a shared 2-core machine one thread is faster
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _leaf(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -33,14 +33,9 @@ from tests._ddp import run_distributed
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Any:
-    """The references run thousands of tiny ops; with 2 OpenMP threads on a shared 2-core
-    machine they can be 10x slower (spin-waiting), so these tests use one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: the references run thousands of tiny ops; with 2 OpenMP threads on a shared 2-core
+#: machine they can be 10x slower (spin-waiting), so these tests use one thread
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------

@@ -8,27 +8,18 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from cloc_lightning.callbacks import CLOCMarginFreeze, CLOCMarginPlot
-from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.losses.cloc_margins import load_learnable_map
 from cloc_lightning.methods import CLOCModule
-from tests.conftest import REPO, TINY_BACKBONE, run_cli
+from tests.conftest import REPO, TINY_BACKBONE, logged_trainer, run_cli, tiny_shapes
 
-
-def _dm() -> OrdinalShapesDataModule:
-    return OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
+_dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
 def _trainer(tmp_path: Path, callbacks=(), **kw) -> L.Trainer:
-    args = dict(
-        max_epochs=2, accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
-        logger=TensorBoardLogger(str(tmp_path), name="t"), callbacks=list(callbacks), log_every_n_steps=1,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+    return logged_trainer(tmp_path, **{"max_epochs": 2, "callbacks": list(callbacks), **kw})
 
 
 def test_loss_choice_and_param_groups() -> None:

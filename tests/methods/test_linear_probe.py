@@ -14,11 +14,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_state_dict, load_encoder
 from cloc_lightning.cli import main
-from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.probe import extract_features, logistic_regression_probe, probe_checkpoint
-from tests.conftest import TINY_BACKBONE, run_cli
+from tests.conftest import TINY_BACKBONE, run_cli, tiny_shapes
 
 STAGE_ONE_YAML = """
 seed_everything: 0
@@ -97,10 +96,7 @@ def test_two_stage_path_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     assert 0.0 <= result["top1"] <= result["top5"] <= 1.0 and result["n_train"] == 96 and result["n_test"] == 24
 
 
-def _shapes(**kw) -> OrdinalShapesDataModule:
-    args = dict(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
-    args.update(kw)
-    return OrdinalShapesDataModule(**args)
+_shapes = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16
 
 
 @pytest.fixture(scope="module")

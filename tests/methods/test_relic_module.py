@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -17,7 +18,7 @@ from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 from cloc_lightning.methods import LinearProbeModule, ReLICModule
 from cloc_lightning.methods.relic import cosine_gamma
 from cloc_lightning.nn.ema import cosine_beta
-from tests.conftest import REPO, TINY_BACKBONE, run_cli
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, run_cli
 
 QUIET = dict(online_probe=False, knn_k=0)
 
@@ -30,13 +31,7 @@ def _dm(views: object | None = None, **kw: object) -> OrdinalShapesDataModule:
     return OrdinalShapesDataModule(train_views=views if views is not None else MultiCropViews(2, 1, local_size=16), **args)
 
 
-def _trainer(tmp_path: Path, **kw: object) -> L.Trainer:
-    args: dict = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(tmp_path), log_every_n_steps=1, num_sanity_val_steps=0, limit_val_batches=0,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1, log_every_n_steps=1, num_sanity_val_steps=0, limit_val_batches=0)
 
 
 class _ConvReLIC(ReLICModule):

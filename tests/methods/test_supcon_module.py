@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -17,22 +17,14 @@ from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
 from cloc_lightning.losses.supcon import SupConLoss
 from cloc_lightning.methods import SupConModule
 from cloc_lightning.nn.online_probe import OnlineLinearProbe, _metric_values, knn_accuracy, knn_predict
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer, tiny_shapes
 
 
 def _dm(n_views: int | None = 2, **kw) -> OrdinalShapesDataModule:
-    args = dict(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
-    args.update(kw)
-    return OrdinalShapesDataModule(train_views=SupConViews(n_views) if n_views else None, **args)
+    return tiny_shapes(train_views=SupConViews(n_views) if n_views else None, **kw)
 
 
-def _trainer(tmp_path: Path, **kw) -> L.Trainer:
-    args = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(tmp_path), log_every_n_steps=1,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1, log_every_n_steps=1)
 
 
 @pytest.mark.parametrize("method", ["supcon", "simclr"])
