@@ -18,6 +18,7 @@ from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 from cloc_lightning.methods import LinearProbeModule, ReLICModule
 from cloc_lightning.methods.relic import cosine_gamma
 from cloc_lightning.nn.ema import cosine_beta
+from tests._reliability import RELIC_ARGS, SMALL, _fit, _relic_views, _shapes
 from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, run_cli
 
 QUIET = dict(online_probe=False, knn_k=0)
@@ -482,3 +483,15 @@ def test_multicrop_views_seed_blur_kernel_and_solarize_threshold() -> None:
     assert len(solarize) == 2 and all(s.threshold == 127 for s in solarize)  # global views only
     with pytest.raises(ValueError, match="odd positive"):
         MultiCropViews(blur_kernel_size=4)
+
+
+# ------------------------------------------------------------------ bad input
+def test_relic_mini_batch_size_not_dividing_the_batch(tmp_path: Path) -> None:
+    relic = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=3, **RELIC_ARGS, **SMALL)
+    with pytest.raises(ValueError, match=r"mini_batch_size=3 does not divide data.batch_size=8.*e\.g\. 2"):
+        _fit(relic, _shapes(views=_relic_views()), tmp_path)
+    relic = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=4, **RELIC_ARGS, **SMALL)
+    with pytest.raises(ValueError, match="last training batch holds 2 images.*drop_last: true"):
+        _fit(relic, _shapes(views=_relic_views(), train_size=34, drop_last=False), tmp_path)
+    with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
+        ReLICModule(mini_batch_size=0)
