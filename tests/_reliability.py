@@ -1,7 +1,10 @@
-"""Helpers of the reliability tests (``tests/*/test_reliability_*.py``): small modules, data, fits, kill and resume.
+"""Helpers of the bad-input and fault tests (docs/reliability.md): every module built small, small data, fits, kill
+and resume, the stored fixture's paths.
 
-The table in docs/reliability.md "input / fault -> what happens" has one test (or parametrised test) per row, each in the
-subpackage of the component it exercises; the kill/resume helpers serve ``tests/data/test_exact_resume_workers.py`` too.
+The table in docs/reliability.md "input / fault -> what happens" has one test (or parametrised test) per row, each
+beside the component it exercises (``tests/<package>/test_<package>_errors.py`` for what a whole package checks
+alike, the module's own test file otherwise); the kill/resume helpers serve ``tests/test_resume.py`` and
+``tests/data/test_exact_resume_workers.py`` too.
 """
 
 from __future__ import annotations
