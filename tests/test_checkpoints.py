@@ -3,15 +3,14 @@
 
 * A checkpoint of another module class or backbone is refused before any weight loads; a
   subclass may load its parent's checkpoint.
-* The stored fixture (``tests/fixtures/make_fixtures.py``) loads strictly and resumes; ``map_location``
-  and strict loading.
+* The stored fixture (``tests/fixtures/make_fixtures.py``) loads strictly (its resume: ``tests/test_resume.py``);
+  ``map_location`` and strict loading.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,10 @@ import lightning as L
 import pytest
 import torch
 
-from cloc_lightning.callbacks import CLOCMarginFreeze
 from cloc_lightning.checkpoints import MODULE_META_KEY, CheckpointMismatchError, checkpoint_mismatch
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, CLOCModule
-from tests._reliability import FIXTURE_CKPT, FIXTURE_OUTPUTS, FIXTURES, SMALL, _all_finite, _fit, _shapes
+from tests._reliability import FIXTURE_CKPT, FIXTURE_OUTPUTS, FIXTURES, SMALL, _fit, _shapes
 from tests.conftest import TINY_BACKBONE, cli_env, cpu_trainer, tiny_shapes
 
 _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
@@ -141,21 +139,6 @@ def test_stored_fixture_loads_strictly_and_predicts_the_stored_outputs() -> None
         assert model.cloc_loss.to_learnable_map("fixed") == stored["learnable_map"]
 
 
-def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
-    """Not only the weights: optimiser, schedule, loops and callback states of the stored checkpoint resume."""
-    stored = torch.load(FIXTURE_OUTPUTS, map_location="cpu", weights_only=False)
-    model = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
-    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=None, limit_val_batches=0,
-                       callbacks=[CLOCMarginFreeze(freeze_at_epoch=1, filename="m.yaml")])
-    dm = _shapes(train_size=32, val_size=16, test_size=16, batch_size=16)  # the fixture's data: 2 steps per epoch
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(model, datamodule=dm, ckpt_path=str(FIXTURE_CKPT))
-    assert trainer.global_step == 6  # 2 stored epochs + 1 more, 2 steps each
-    assert model.margins_frozen and torch.equal(model.cloc_loss.margins().detach(), stored["margins"])
-    assert _all_finite(model)
-
-
 def test_checkpoint_map_location_and_strict_loading(tmp_path: Path) -> None:
     """Save on CPU; load with map_location as str / torch.device / dict / callable; strict catches foreign keys;
     a float64 copy of the weights loads into the float32 module."""
@@ -200,3 +183,4 @@ def test_fixture_generator_regenerates_a_small_loadable_checkpoint(tmp_path: Pat
     outputs = torch.load(tmp_path / FIXTURE_OUTPUTS.name, weights_only=False)
     with torch.no_grad():
         torch.testing.assert_close(model(outputs["images"]), outputs["logits"])
+

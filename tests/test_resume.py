@@ -1,7 +1,7 @@
 """Exact resume (``cloc_lightning/resume.py``): a fit stopped mid-epoch and resumed equals an uninterrupted one.
 
-In process through ``trainer.fit(ckpt_path=...)``, and through the CLI: a fit SIGKILLed and resumed with
-``--ckpt_path last`` (*slow*).
+In process through ``trainer.fit(ckpt_path=...)`` (also from the stored fixture, ``tests/fixtures/``), and through
+the CLI: a fit SIGKILLed and resumed with ``--ckpt_path last`` (*slow*).
 """
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ import lightning as L
 import pytest
 import torch
 
+from cloc_lightning.callbacks import CLOCMarginFreeze
 from cloc_lightning.methods import CLOCModule, ReLICModule
 from tests._reliability import (
+    FIXTURE_CKPT,
+    FIXTURE_OUTPUTS,
     RELIC_ARGS,
     SMALL,
+    _all_finite,
     _cli_config,
     _fit_killed_at,
     _last_ckpt,
@@ -120,3 +124,18 @@ def test_resume_in_process_is_exact_mid_epoch_with_random_augmentation(method: s
     resumed, trainer = run("part", ckpt=str(tmp_path / "part" / "last.ckpt"))
     assert trainer.global_step == 4
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
+
+
+def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
+    """Not only the weights: optimiser, schedule, loops and callback states of the stored checkpoint resume."""
+    stored = torch.load(FIXTURE_OUTPUTS, map_location="cpu", weights_only=False)
+    model = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
+    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=None, limit_val_batches=0,
+                       callbacks=[CLOCMarginFreeze(freeze_at_epoch=1, filename="m.yaml")])
+    dm = _shapes(train_size=32, val_size=16, test_size=16, batch_size=16)  # the fixture's data: 2 steps per epoch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, datamodule=dm, ckpt_path=str(FIXTURE_CKPT))
+    assert trainer.global_step == 6  # 2 stored epochs + 1 more, 2 steps each
+    assert model.margins_frozen and torch.equal(model.cloc_loss.margins().detach(), stored["margins"])
+    assert _all_finite(model)
