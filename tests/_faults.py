@@ -1,4 +1,5 @@
-"""Fault injection for the reliability tests (``tests/*/test_reliability_*.py``) (importable by ``class_path`` from a CLI subprocess)."""
+"""Fault injection for the fault tests (kill/resume, preemption, dying loader workers; importable by ``class_path`` from a
+CLI subprocess)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,21 @@
-"""Helpers of the reliability tests (``tests/*/test_reliability_*.py``): small modules, data, fits, kill and resume.
+"""Helpers of the bad-input and fault tests (docs/reliability.md): every module built small, small data, fits, kill
+and resume, the stored fixture's paths.
 
-The table in docs/reliability.md "input / fault -> what happens" has one test (or parametrised test) per row, each in the
-subpackage of the component it exercises; the kill/resume helpers serve ``tests/data/test_exact_resume_workers.py`` too.
+The table in docs/reliability.md "input / fault -> what happens" has one test (or parametrised test) per row, each
+beside the component it exercises (``tests/<package>/test_<package>_errors.py`` for what a whole package checks
+alike, the module's own test file otherwise); the kill/resume helpers serve ``tests/test_resume.py`` and
+``tests/data/test_exact_resume_workers.py`` too.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ from cloc_lightning.methods import (
     RnCModule,
     SupConModule,
 )
-from tests.conftest import REPO, TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cli_env, cpu_trainer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_CKPT = FIXTURES / "cloc_tiny.ckpt"
@@ -70,14 +73,10 @@ def _shapes(
     return OrdinalShapesDataModule(**args)
 
 
-def _trainer(tmp_path: Path, **kw: Any) -> L.Trainer:
-    args: dict[str, Any] = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
-        limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(
+    cpu_trainer, max_epochs=1, enable_checkpointing=False, limit_train_batches=3, limit_val_batches=1,
+    num_sanity_val_steps=0,
+)
 
 
 def _fit(model: L.LightningModule, dm: L.LightningDataModule, tmp_path: Path, **kw: Any) -> L.Trainer:
@@ -217,12 +216,6 @@ def _cli_config(tmp_path: Path, name: str, extra_callbacks: list[dict] | None = 
     return path
 
 
-def _cli_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 def _fit_killed_at(tmp_path: Path, name: str, step: int, resume: bool, setup: str = "cloc") -> str:
     """Start a CLI fit, SIGKILL it at the start of training step ``step``; return its output."""
     marker = tmp_path / f"paused_at_{step}"
@@ -230,7 +223,7 @@ def _fit_killed_at(tmp_path: Path, name: str, step: int, resume: bool, setup: st
                                         "init_args": {"step": step, "marker": str(marker)}}], setup)
     args = [sys.executable, "-m", "cloc_lightning", "fit", "--config", str(cfg)] + (["--ckpt_path", "last"] if resume else [])
     with open(tmp_path / f"killed_at_{step}.log", "w+") as log:
-        proc = subprocess.Popen(args, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, cwd=tmp_path, env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 240
             while not marker.exists():

@@ -1,14 +1,25 @@
-"""Shared fixtures: paths to the real data, a tiny backbone, quiet torch threads."""
+"""Shared fixtures and helpers of the whole suite.
+
+Paths to the real data, a tiny backbone, quiet torch threads, the quiet CPU trainer and the tiny
+built-in data module the module tests train with, and the command line in a subprocess.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from cloc_lightning.data import OrdinalShapesDataModule
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("CLOC_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -28,12 +39,18 @@ def needs(path: Path) -> pytest.MarkDecorator:
     )
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python -m cloc_lightning <args>`` in a subprocess; fail with its output on error."""
+def cli_env() -> dict[str, str]:
+    """The environment of a subprocess run of this checkout: no warnings, 2 threads, the hub offline."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -m cloc_lightning <args>`` in a subprocess; fail with its output on error."""
     proc = subprocess.run(
-        [sys.executable, "-m", "cloc_lightning", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "cloc_lightning", *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"cloc-lightning {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
@@ -56,3 +73,59 @@ def tiny_shapes_args() -> list[str]:
         "--trainer.enable_model_summary", "false",
         "--trainer.logger.init_args.save_dir", "runs",
     ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# in-process training: the trainer and the data the module tests share
+# ---------------------------------------------------------------------------------------------------
+#: the flags every in-process test trainer shares: one CPU process, nothing printed, no logger
+QUIET_CPU: dict[str, Any] = dict(
+    accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+)
+
+
+def cpu_trainer(root: Path | str | None = None, **flags: Any) -> L.Trainer:
+    """A :data:`QUIET_CPU` trainer writing under ``root`` (Lightning's default folder when ``None``).
+
+    ``flags`` add to or override the quiet ones; a test file binds its own defaults once, e.g.
+    ``_trainer = functools.partial(cpu_trainer, max_epochs=1, limit_train_batches=2)``.
+    """
+    args: dict[str, Any] = dict(QUIET_CPU)
+    if root is not None:
+        args["default_root_dir"] = str(root)
+    args.update(flags)
+    return L.Trainer(**args)
+
+
+def logged_trainer(root: Path | str, **flags: Any) -> L.Trainer:
+    """:func:`cpu_trainer` with a TensorBoard logger under ``root/t`` that logs every step."""
+    args: dict[str, Any] = dict(logger=TensorBoardLogger(str(root), name="t"), log_every_n_steps=1)
+    args.update(flags)
+    return cpu_trainer(None, **args)
+
+
+def tiny_shapes(**kw: Any) -> OrdinalShapesDataModule:
+    """The built-in ordinal shapes in the sizes of :func:`tiny_shapes_args`: 4 classes, 64/32/32 images,
+    batches of 16, no loader workers (4 training steps per epoch); ``kw`` overrides any argument."""
+    args: dict[str, Any] = dict(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
+    args.update(kw)
+    return OrdinalShapesDataModule(**args)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` inside the block, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for the test: references of many tiny ops run up to 10x slower with a second
+    OpenMP thread spin-waiting on a shared 2-core machine (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    with torch_threads(1):
+        yield

@@ -1,81 +1,34 @@
-"""Checkpoint callbacks and checks, in process (the CLI paths are in ``tests/e2e/test_e2e.py``).
+"""Checkpoints, in process (the CLI paths are in ``tests/e2e/test_e2e.py``; the checkpoint callbacks in
+``tests/callbacks/test_checkpoint.py``).
 
-* ``last.ckpt`` is the last epoch even when validation never improves after epoch 0
-  (Lightning's ``ModelCheckpoint(monitor, save_last=True)`` rewrites it only on improvement).
-* A ``ModelCheckpoint`` the user configures is kept; one that ties ``save_last`` to a metric
-  gets a ``LatestCheckpoint`` next to it.
 * A checkpoint of another module class or backbone is refused before any weight loads; a
   subclass may load its parent's checkpoint.
+* The stored fixture (``tests/fixtures/make_fixtures.py``) loads strictly (its resume: ``tests/test_resume.py``);
+  ``map_location`` and strict loading.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
-from cloc_lightning.callbacks import BestCheckpoint, LatestCheckpoint
 from cloc_lightning.checkpoints import MODULE_META_KEY, CheckpointMismatchError, checkpoint_mismatch
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, CLOCModule
-from tests.conftest import TINY_BACKBONE
+from tests._reliability import FIXTURE_CKPT, FIXTURE_OUTPUTS, FIXTURES, SMALL, _fit, _shapes
+from tests.conftest import TINY_BACKBONE, cli_env, cpu_trainer, tiny_shapes
 
-
-def _dm() -> OrdinalShapesDataModule:
-    return OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
+_dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
 def _trainer(tmp_path: Path, callbacks: list[Any] | None = None, epochs: int = 4) -> L.Trainer:
-    return L.Trainer(
-        default_root_dir=str(tmp_path), max_epochs=epochs, accelerator="cpu", logger=False, callbacks=callbacks or [],
-        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2, limit_val_batches=2,
-    )
-
-
-class WorseEveryEpoch(L.Callback):
-    """Adds a growing offset to the monitored metric, so only epoch 0 is ever the best."""
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.log("val/mae", torch.tensor(float(trainer.current_epoch) + 10.0))
-
-
-def test_last_checkpoint_is_the_last_epoch_when_validation_never_improves(tmp_path: Path) -> None:
-    model = CEModule(num_classes=4, backbone=TINY_BACKBONE)
-    trainer = _trainer(tmp_path, [WorseEveryEpoch()])
-    trainer.fit(model, datamodule=_dm())
-    best = trainer.checkpoint_callback
-    assert isinstance(best, BestCheckpoint)
-    assert Path(best.best_model_path).name.startswith("best-000")  # only epoch 0 was "best"
-    last = torch.load(best.last_model_path, map_location="cpu", weights_only=False)
-    assert last["epoch"] == 3 and last["global_step"] == 8
-    # Lightning's own ModelCheckpoint(monitor, save_last=True) would have kept epoch 0 in last.ckpt
-    plain = ModelCheckpoint(dirpath=str(tmp_path / "plain"), monitor="val/mae", save_last=True)
-    trainer2 = _trainer(tmp_path / "2", [WorseEveryEpoch(), plain])
-    with pytest.MonkeyPatch.context() as mp:  # keep the user's callback as Lightning would run it
-        mp.setattr(CEModule, "configure_callbacks", lambda self: [])
-        trainer2.fit(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
-    assert torch.load(plain.last_model_path, map_location="cpu", weights_only=False)["epoch"] == 0
-
-
-def test_user_checkpoints_are_kept_and_a_tied_save_last_gets_a_latest_checkpoint(tmp_path: Path, capsys: Any) -> None:
-    every_step = ModelCheckpoint(dirpath=str(tmp_path / "steps"), every_n_train_steps=1, save_last=True)
-    trainer = _trainer(tmp_path, [every_step], epochs=1)
-    trainer.fit(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
-    kinds = [type(cb) for cb in trainer.checkpoint_callbacks]
-    assert kinds == [ModelCheckpoint]  # kept as configured, nothing added (its last.ckpt is every step)
-
-    tied = ModelCheckpoint(dirpath=str(tmp_path / "tied"), monitor="val/mae", save_last=True)
-    trainer = _trainer(tmp_path, [WorseEveryEpoch(), tied], epochs=3)
-    trainer.fit(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
-    assert "a LatestCheckpoint writes it after every epoch instead" in capsys.readouterr().out
-    assert tied.save_last is False and tied in trainer.checkpoint_callbacks
-    latest = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LatestCheckpoint)]
-    assert len(latest) == 1 and Path(latest[0].path) == tmp_path / "tied" / "last.ckpt"
-    assert torch.load(latest[0].path, map_location="cpu", weights_only=False)["epoch"] == 2
+    return cpu_trainer(tmp_path, max_epochs=epochs, callbacks=callbacks or [], limit_train_batches=2, limit_val_batches=2)
 
 
 def test_a_checkpoint_of_another_module_or_backbone_is_refused(tmp_path: Path) -> None:
@@ -168,3 +121,66 @@ def test_a_checkpoint_of_another_class_count_names_which_side_said_what(tmp_path
             datamodule=OrdinalShapesDataModule(num_classes=5, val_size=8, batch_size=8, num_workers=0, image_size=16),
             ckpt_path=str(tmp_path / "eight.ckpt"),
         )
+
+
+# ---------------------------------------------------------------- the stored fixture, map_location, strict loading
+def test_stored_fixture_loads_strictly_and_predicts_the_stored_outputs() -> None:
+    """A checkpoint written by an earlier build (tests/fixtures/make_fixtures.py) keeps loading."""
+    assert FIXTURE_CKPT.stat().st_size < 500 * 1024
+    stored = torch.load(FIXTURE_OUTPUTS, map_location="cpu", weights_only=False)
+    for location in ("cpu", torch.device("cpu"), {"cuda:0": "cpu"}, lambda storage, loc: storage):
+        model = CLOCModule.load_from_checkpoint(str(FIXTURE_CKPT), map_location=location, strict=True, weights_only=False)
+        model.eval()
+        assert model.margins_frozen and not model.cloc_loss.learnables.requires_grad  # phase two state
+        with torch.no_grad():
+            torch.testing.assert_close(model(stored["images"]), stored["logits"], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(model.embed(stored["images"]), stored["embedding"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.cloc_loss.margins().detach(), stored["margins"])
+        assert model.cloc_loss.to_learnable_map("fixed") == stored["learnable_map"]
+
+
+def test_checkpoint_map_location_and_strict_loading(tmp_path: Path) -> None:
+    """Save on CPU; load with map_location as str / torch.device / dict / callable; strict catches foreign keys;
+    a float64 copy of the weights loads into the float32 module."""
+    torch.manual_seed(0)
+    model = CLOCModule(num_classes=4, **SMALL)
+    trainer = _fit(model, _shapes(), tmp_path, limit_train_batches=2, limit_val_batches=0)
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(str(path))
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+    for location in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, lambda storage, loc: storage):
+        loaded = CLOCModule.load_from_checkpoint(str(path), map_location=location, strict=True, weights_only=False).eval()
+        assert all(p.device.type == "cpu" for p in loaded.parameters())
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt["state_dict"] = {k: v.double() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
+    torch.save(ckpt, tmp_path / "f64.ckpt")
+    loaded = CLOCModule.load_from_checkpoint(str(tmp_path / "f64.ckpt"), map_location="cpu", strict=True, weights_only=False)
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(x), expected)
+    ckpt["state_dict"]["extra.weight"] = torch.zeros(1)
+    torch.save(ckpt, tmp_path / "extra.ckpt")
+    with pytest.raises(RuntimeError, match="Unexpected key.*extra.weight"):
+        CLOCModule.load_from_checkpoint(str(tmp_path / "extra.ckpt"), strict=True, weights_only=False)
+    with pytest.warns(UserWarning, match="not in the model state dict.*extra.weight"):  # strict=False: named, not fatal
+        CLOCModule.load_from_checkpoint(str(tmp_path / "extra.ckpt"), strict=False, weights_only=False)
+
+
+@pytest.mark.slow
+def test_fixture_generator_regenerates_a_small_loadable_checkpoint(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(FIXTURES / "make_fixtures.py"), "--out", str(tmp_path)],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = tmp_path / FIXTURE_CKPT.name
+    assert ckpt.stat().st_size < 500 * 1024 and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [FIXTURE_CKPT.name, FIXTURE_OUTPUTS.name])
+    model = CLOCModule.load_from_checkpoint(str(ckpt), map_location="cpu", strict=True, weights_only=False).eval()
+    outputs = torch.load(tmp_path / FIXTURE_OUTPUTS.name, weights_only=False)
+    with torch.no_grad():
+        torch.testing.assert_close(model(outputs["images"]), outputs["logits"])
+

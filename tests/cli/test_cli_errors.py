@@ -1,6 +1,7 @@
 """Errors a newcomer can read, through the real CLI (in-process): parse errors, a missing ``--ckpt_path``, an
 unusable logger ``save_dir``, LightningCLI's ``--optimizer``/``--lr_scheduler`` — each one ``error:`` line naming
-the input and the fix, before anything trains; and help texts without reST markup or truncated summaries."""
+the input and the fix, before anything trains; help texts without reST markup or truncated summaries; wrong types
+and typos in YAML configs (in a subprocess)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cloc_lightning.cli import main
-from tests.conftest import TINY_BACKBONE
+from tests._reliability import _tiny_cli_config
+from tests.conftest import TINY_BACKBONE, run_cli
 
 MODEL = ["--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
 DATA = ["--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8",
@@ -142,3 +145,30 @@ def test_rst_to_text() -> None:
     assert rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`") == \
         "see CLOCLoss and cloc_lightning.losses"
     assert rst_to_text("``mm`` (a margin per pair), :func:`f <pkg.f>`, x ``C - 1``") == "mm (a margin per pair), f, x C - 1"
+
+
+# ---------------------------------------------------------------- wrong types and typos in configs
+def test_learnable_map_wrong_type_from_yaml_through_the_cli(tmp_path: Path) -> None:
+    """YAML strings: jsonargparse reads a quoted number ('0.4') as the number; anything else is refused by name."""
+    cfg = _tiny_cli_config({"learnable_map": [["fixed", "0.4"], ["fixed", "abc"], ["fixed", 0.6]]})
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    proc = run_cli(["fit", "--config", "bad.yaml"], tmp_path, check=False, timeout=180)
+    assert proc.returncode != 0
+    assert "learnable_map[1]: the margin value must be a number > 0 or None, got 'abc'" in proc.stderr
+    assert "learnable_map[0]" not in proc.stderr  # '0.4' became 0.4
+
+
+def test_config_typos_fail_naming_the_key(tmp_path: Path) -> None:
+    """An unknown key in YAML, or on the command line, stops while parsing with the key named.
+
+    (Command-line options may be abbreviated to a unique prefix, argparse's ``allow_abbrev``:
+    ``--trainer.max_epoch`` *is* ``--trainer.max_epochs``; a key that is no prefix is refused.)
+    """
+    cfg = _tiny_cli_config({"margn_lr": 0.1})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    proc = run_cli(["fit", "--config", "cfg.yaml"], tmp_path, check=False, timeout=180)
+    assert proc.returncode != 0 and "margn_lr" in proc.stderr, proc.stderr[-2000:]
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(_tiny_cli_config({"margin_lr": 0.1})))
+    proc = run_cli(["fit", "--config", "good.yaml", "--trainer.max_epochz", "1"], tmp_path, check=False, timeout=180)
+    assert proc.returncode != 0 and "max_epochz" in proc.stderr, proc.stderr[-2000:]
+    assert "Epoch" not in proc.stdout + proc.stderr  # stopped while parsing, before any training

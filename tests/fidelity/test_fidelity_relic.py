@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -36,7 +37,7 @@ from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_lo
 from cloc_lightning.methods import ReLICModule
 from cloc_lightning.nn.ema import scl_train_beta, scl_train_beta_horizon
 from cloc_lightning.probe import PROBE_PRESETS, extract_features, logistic_regression_probe, probe_checkpoint, probe_settings
-from tests.conftest import REPO, TINY_BACKBONE
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer
 
 QUIET = dict(online_probe=False, knn_k=0)
 SEED_CONFIGS = {"cifar10": 32, "stl10": 96}  # configs/relic/<name>.yaml reproduce the seed; their image size
@@ -50,13 +51,7 @@ def _dm(views: MultiCropViews | None = None, **kw: object) -> OrdinalShapesDataM
     return OrdinalShapesDataModule(train_views=views or MultiCropViews(2, 0), **args)
 
 
-def _trainer(tmp_path: Path, **kw: object) -> L.Trainer:
-    args: dict = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0, limit_val_batches=0,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0)
 
 
 def _config(name: str) -> dict:

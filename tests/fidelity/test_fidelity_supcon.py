@@ -37,7 +37,7 @@ from cloc_lightning.data.base import DataConfigError
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
-from tests.conftest import REPO, TINY_BACKBONE
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer
 
 
 # =============================================================================================
@@ -353,11 +353,7 @@ def _probe(encoder: Path, task: str) -> LinearProbeModule:
 
 
 def _trainer(root: Path, epochs: int, *callbacks: L.Callback, logger: Any = False) -> L.Trainer:
-    return L.Trainer(
-        max_epochs=epochs, accelerator="cpu", devices=1, logger=logger, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(root), num_sanity_val_steps=1,
-        callbacks=[ForceClass(), *callbacks],
-    )
+    return cpu_trainer(root, max_epochs=epochs, logger=logger, num_sanity_val_steps=1, callbacks=[ForceClass(), *callbacks])
 
 
 @pytest.mark.parametrize("task", ["nominal", "ordinal"])

@@ -50,13 +50,8 @@ GRAD_RTOL = {torch.float32: 2e-4, torch.bfloat16: 2.0**-8 + 2e-4}
 GRAD_ATOL_OF_MAX = 2e-5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Any:
-    """The references run many small ops; on a shared 2-core machine one thread is faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: the references run many small ops; on a shared 2-core machine one thread is faster
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _leaf(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -175,3 +170,50 @@ def test_ordinal_clip(n: int, ranks: int, scale: float, leaf_dtype: torch.dtype,
     total, _, _, ref_grad = ordinal_clip_loss_reference(logits.detach().to(F64).numpy(), labels.numpy(), 1.0, 0.7, 10.0)
     assert value == pytest.approx(total, rel=VALUE_RTOL, abs=1e-9)
     _assert_grad(grad, torch.from_numpy(np.asarray(ref_grad, dtype=np.float64)), leaf_dtype, "d/dlogits")
+
+
+# ---------------------------------------------------------------- low-precision inputs give the float32 result
+def _views(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x.view(-1, 2, x.shape[1]), dim=-1)
+
+
+#: (prepare the loss input from [32, 16] float64 data, the loss of that input and labels [32] % 6)
+LOW_PRECISION_LOSSES: dict[
+    str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+] = {
+    "cloc_mm": (lambda x: x, lambda x, y: OrdinalContrastiveLoss_mm(6, x.device, [["fixed", 0.3]] * 5)(x, y)),
+    "cloc_sm": (lambda x: x, lambda x, y: OrdinalContrastiveLoss_sm(6, x.device, [["fixed", 0.3]])(x, y)),
+    "supcon_t0.05": (_views, lambda f, y: SupConLoss(0.05)(f, y[::2])),
+    "simclr_t0.05": (_views, lambda f, y: SupConLoss(0.05)(f)),
+    "ordinal_clip": (lambda x: x[:, :6] * 30.0, lambda z, y: OrdinalCLIPLoss()(z, y)),
+    "sigmoid": (lambda x: x, lambda z, y: SigmoidContrastiveLoss(alpha=1.0, gamma=1.0).to(z.device)(z[:16], z[16:])),
+}
+
+
+def _check_float32_inside(loss: str, dtype: torch.dtype, device: str) -> None:
+    torch.manual_seed(0)
+    prepare, fn = LOW_PRECISION_LOSSES[loss]
+    z = prepare(torch.randn(32, 16, dtype=torch.float64)).to(device=device, dtype=dtype)
+    y = (torch.arange(32) % 6).to(device)
+    leaf = z.clone().requires_grad_(True)
+    with torch.autocast(device, dtype=dtype):
+        low = fn(leaf, y)
+    assert low.dtype == torch.float32 and bool(torch.isfinite(low))
+    low.backward()
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+    exact = fn(z.double(), y)  # the same low-precision-representable values, computed in float64
+    assert float(low.detach()) == pytest.approx(float(exact.detach()), rel=2e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("loss", sorted(LOW_PRECISION_LOSSES))
+def test_losses_compute_in_float32_from_bf16_inputs(loss: str) -> None:
+    """bf16 inputs under bf16 autocast give the float32 result (~1e-6), not a bf16 one (~1e-2 off), and stay finite."""
+    _check_float32_inside(loss, torch.bfloat16, "cpu")
+
+
+@pytest.mark.gpu  # also run by the GPU tier (`pytest -m gpu`, docs/gpu.md)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed needs a CUDA GPU")
+@pytest.mark.parametrize("loss", sorted(LOW_PRECISION_LOSSES))
+def test_losses_compute_in_float32_from_fp16_inputs_on_gpu(loss: str) -> None:
+    """The same under fp16 autocast on a GPU (``16-mixed``): no overflow at temperature 0.05."""
+    _check_float32_inside(loss, torch.float16, "cuda")

@@ -29,18 +29,14 @@ from cloc_lightning.losses.cloc import (
     cloc_pair_hinge_sums,
 )
 from tests._ddp import run_distributed
+from tests.losses.conftest import grad_check
 
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Any:
-    """The references run thousands of tiny ops; with 2 OpenMP threads on a shared 2-core
-    machine they can be 10x slower (spin-waiting), so these tests use one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: the references run thousands of tiny ops; with 2 OpenMP threads on a shared 2-core
+#: machine they can be 10x slower (spin-waiting), so these tests use one thread
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------
@@ -666,3 +662,25 @@ def test_ddp_gather_equals_single_process_on_concatenated_batch() -> None:
             torch.testing.assert_close(res["loss"], loss.detach(), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(res["x_grad"], xa.grad[start : start + sizes[r]], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(res["margin_grad"], raw.grad, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# degenerate batches: a batch of one, a single class (against the loop reference)
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["mm", "sm"])
+@pytest.mark.parametrize("n", [1, 2, 6])
+def test_cloc_batch_of_one_and_single_class(mode: str, n: int) -> None:
+    torch.manual_seed(n)
+    crit = OrdinalContrastiveLoss_mm(4) if mode == "mm" else OrdinalContrastiveLoss_sm(4)
+    for y in (torch.zeros(n, dtype=torch.long), torch.full((n,), 3, dtype=torch.long)):
+        x = torch.randn(n, 5, dtype=torch.float64, requires_grad=True)
+        loss = crit(x, y)
+        ref = float(cloc_loop_reference(x.detach(), y.tolist(), crit.margins().detach().double()))
+        assert ref == 0.0 and float(loss.detach()) == 0.0  # no negatives (or no positives): nothing to separate
+        grad_check(loss, x)
+    # two samples of two classes: each anchor has a negative but no positive -> 0 as well
+    x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 2])
+    loss = crit(x, y)
+    assert float(loss.detach()) == float(cloc_loop_reference(x.detach(), y.tolist(), crit.margins().detach().double())) == 0.0
+    grad_check(loss, x)

@@ -24,6 +24,7 @@ import cloc_lightning.losses.sigmoid as sigmoid_mod
 from benchmarks.reference.sigmoid import scl_reference, sigmoid_loop_reference
 from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from tests._ddp import run_distributed
+from tests.losses.conftest import grad_check
 
 
 def numpy_value_and_grads(
@@ -457,3 +458,33 @@ def test_compute_invariance_false_needs_alpha_zero() -> None:
     x, xp = _problem(4, 3, seed=0)
     with pytest.raises(ValueError, match="compute_invariance=False skips the KL term.*set alpha=0.0"):
         sigmoid_contrastive_loss(x, xp, 0.0, 0.0, alpha=0.5, compute_invariance=False)
+
+
+# ---------------------------------------------------------------- degenerate batches, non-finite features
+@pytest.mark.parametrize("case", ["one", "two-identical", "four-identical", "two"])
+def test_sigmoid_loss_batch_of_one_and_identical_samples(case: str) -> None:
+    """No labels here: a batch of one has only its positive; identical samples make every negative look positive."""
+    torch.manual_seed(3)
+    n = {"one": 1, "two-identical": 2, "four-identical": 4, "two": 2}[case]
+    x = torch.randn(1 if "identical" in case else n, 8, dtype=torch.float64).expand(n, 8).clone().requires_grad_(True)
+    xp = (x.detach() + 0.1 * torch.randn(n, 8, dtype=torch.float64)).requires_grad_(True)
+    tau = torch.tensor(math.log(5.0), dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(-5.0, dtype=torch.float64, requires_grad=True)
+    loss, kl = sigmoid_contrastive_loss(x, xp, tau, b, alpha=1.0, gamma=1.0)
+    ref = sigmoid_loop_reference(x.detach().numpy(), xp.detach().numpy(), math.log(5.0), -5.0, alpha=1.0, gamma=1.0)[0]
+    assert float(loss.detach()) == pytest.approx(ref, rel=1e-9)
+    if n == 1:
+        assert float(kl.detach()) == 0.0  # one row: both soft-maxes are 1
+    grad_check(loss, x)
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (xp, tau, b))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_sigmoid_loss_propagates_non_finite_features(bad: float) -> None:
+    """Documented behaviour: the sigmoid loss has no input check (its hot path); NaN/inf gives a NaN loss,
+    which every module's ``check_finite_loss`` stops before the update (``test_nan_inputs_stop_every_module...``)."""
+    x = torch.randn(4, 8)
+    x[1, 2] = bad
+    loss, terms = SigmoidContrastiveLoss(alpha=1.0, gamma=1.0).compute(x, torch.randn(4, 8))
+    kl = terms["invariance"]
+    assert bool(torch.isnan(loss)) and bool(torch.isnan(kl))

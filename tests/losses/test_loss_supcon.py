@@ -16,12 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.reference.supcon import supcon_loop_reference
 from benchmarks.reference.supcon import supcon_loop_reference as reference_loss
 from benchmarks.reference.supcon import supcon_loop_reference_per_anchor as reference_per_anchor
 from cloc_lightning import distributed as D
 from cloc_lightning.losses import supcon as supcon_module
 from cloc_lightning.losses.supcon import AUTO_DENSE_MAX_ELEMENTS, AUTO_TILE_ELEMENTS, SupConLoss, _choose_tile, supcon_loss
 from tests._ddp import run_distributed
+from tests.losses.conftest import grad_check
 
 
 def _features(bsz: int, views: int, dim: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -360,3 +362,16 @@ def test_ddp_equals_single_process_on_the_concatenated_batch() -> None:
             torch.testing.assert_close(got["grad"], ref_grad[start : start + sizes[r]], rtol=1e-5, atol=1e-9)
     for res in results:
         assert res["nan_error"] is not None and "NaN or inf" in res["nan_error"]
+
+
+# ---------------------------------------------------------------- degenerate batches: a batch of one, a single class
+@pytest.mark.parametrize("method", ["supcon", "simclr"])
+@pytest.mark.parametrize("n, views", [(1, 1), (1, 2), (2, 1), (2, 2), (6, 2)])
+def test_supcon_batch_of_one_and_single_class(method: str, n: int, views: int) -> None:
+    torch.manual_seed(10 * n + views)
+    f = F.normalize(torch.randn(n, views, 8, dtype=torch.float64), dim=-1).requires_grad_(True)
+    labels = torch.zeros(n, dtype=torch.long) if method == "supcon" else None
+    loss = SupConLoss(temperature=0.05)(f, labels)
+    ref = float(supcon_loop_reference(f.detach(), labels, temperature=0.05))
+    assert float(loss.detach()) == pytest.approx(ref, abs=1e-9)
+    grad_check(loss, f)

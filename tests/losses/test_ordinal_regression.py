@@ -1,4 +1,4 @@
-"""CORAL and CORN losses and heads against loops of the papers' formulas (values and gradients), and against coral_pytorch.
+"""CORAL and CORN losses against loops of the papers' formulas (values and gradients), and against coral_pytorch.
 
 References written here, independently of ``cloc_lightning/losses/ordinal_regression.py``:
 per-sample, per-task Python loops over the binary cross-entropies of the events ``y > k``
@@ -25,7 +25,6 @@ from cloc_lightning.losses.ordinal_regression import (
     corn_loss,
     rank_from_exceedance,
 )
-from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
 
 GRID = [(1, 2), (3, 2), (5, 3), (17, 6), (32, 8)]  # (N, K)
 
@@ -171,16 +170,3 @@ def test_bad_inputs_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="num_classes"):
         CORNLoss(1)
 
-
-def test_heads() -> None:
-    x = torch.randn(7, 12)
-    coral = CORALHead(12, 5)
-    out = coral(x)
-    assert out.shape == (7, 4)
-    # shared weights: the logits of one sample differ by the (ordered) biases only
-    torch.testing.assert_close(out[:, 0:1] - out, (coral.biases[0] - coral.biases).expand(7, 4))
-    assert torch.all(coral.biases[:-1] > coral.biases[1:])
-    corn = CORNHead(12, 5)
-    assert corn(x).shape == (7, 4) and corn.num_classes == 5
-    with pytest.raises(ValueError, match="num_classes"):
-        CORALHead(12, 1)

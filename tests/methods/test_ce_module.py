@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from torch import nn
 
-from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule
 from cloc_lightning.methods.optim import lr_factor
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer, tiny_shapes
+
+_dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
-def _dm(**kw) -> OrdinalShapesDataModule:
-    args = dict(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
-    args.update(kw)
-    return OrdinalShapesDataModule(**args)
-
-
-def _trainer(tmp_path: Path, **kw) -> L.Trainer:
-    args = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(tmp_path),
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1)
 
 
 def test_lr_factor_warmup_cosine_step() -> None:

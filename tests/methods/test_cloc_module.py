@@ -1,34 +1,29 @@
-"""CLOCModule, the two-phase callbacks and the phase-two path through the CLI."""
+"""CLOCModule, the phase-two path through the CLI, bad margin maps and phase-two margin files.
+
+The two-phase callbacks (``CLOCMarginFreeze``, ``CLOCMarginPlot``) are tested in ``tests/callbacks/test_cloc.py``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
 import torch
 import yaml
-from lightning.pytorch.loggers import TensorBoardLogger
 
-from cloc_lightning.callbacks import CLOCMarginFreeze, CLOCMarginPlot
-from cloc_lightning.data import OrdinalShapesDataModule
+from cloc_lightning.callbacks import CLOCMarginFreeze
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
-from cloc_lightning.losses.cloc_margins import load_learnable_map
 from cloc_lightning.methods import CLOCModule
-from tests.conftest import REPO, TINY_BACKBONE, run_cli
+from tests._reliability import SMALL
+from tests.conftest import REPO, TINY_BACKBONE, logged_trainer, run_cli, tiny_shapes
 
-
-def _dm() -> OrdinalShapesDataModule:
-    return OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
+_dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
 def _trainer(tmp_path: Path, callbacks=(), **kw) -> L.Trainer:
-    args = dict(
-        max_epochs=2, accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
-        logger=TensorBoardLogger(str(tmp_path), name="t"), callbacks=list(callbacks), log_every_n_steps=1,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+    return logged_trainer(tmp_path, **{"max_epochs": 2, "callbacks": list(callbacks), **kw})
 
 
 def test_loss_choice_and_param_groups() -> None:
@@ -72,110 +67,6 @@ def test_training_step_logs_the_cloc_share_of_the_loss(monkeypatch) -> None:
     assert 0.0 < logged["train/cloc_share"] < 1.0
 
 
-def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
-    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=1)
-    freeze, plot = CLOCMarginFreeze(freeze_at_epoch=1), CLOCMarginPlot(every_n_steps=1)
-    trainer = _trainer(tmp_path, [freeze, plot], max_epochs=3)
-    start = m.cloc_loss.margins().detach().clone()
-    seen: list[torch.Tensor] = []
-
-    class Watch(L.Callback):
-        def on_train_epoch_end(self, trainer, pl_module):
-            seen.append(pl_module.cloc_loss.margins().detach().clone())
-
-    trainer.callbacks.append(Watch())
-    trainer.fit(m, datamodule=_dm())
-    assert not torch.allclose(seen[0], start)  # phase one learned the margins
-    assert torch.equal(seen[1], seen[2]) and torch.equal(seen[0], seen[1])  # frozen from epoch 1 on
-    assert m.margins_frozen and not m.cloc_loss.learnables.requires_grad
-    assert all(p is not m.cloc_loss.learnables for g in trainer.optimizers[0].param_groups for p in g["params"])
-    assert len(trainer.optimizers[0].param_groups) == 1
-    payload = yaml.safe_load(Path(freeze.path).read_text())
-    assert payload["frozen_in_this_run"] and payload["margin_names"] == ["C0-C1", "C1-C2", "C2-C3"]
-    assert [k for k, _ in payload["learnable_map"]] == ["fixed"] * 3
-    assert torch.allclose(torch.tensor([v for _, v in payload["learnable_map"]]), seen[0], atol=1e-6)
-    assert Path(plot.path).is_file() and plot.frozen_step == 4  # 4 steps per epoch
-    # TensorBoard has the margin scalars and the custom layout
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(trainer.log_dir)).Reload()
-    assert {"margins/C0-C1", "margins/C2-C3"} <= set(acc.Tags()["scalars"])
-    assert "cloc/margins" in acc.Tags()["images"]
-
-
-def test_resume_after_freeze_keeps_margins_fixed(tmp_path: Path) -> None:
-    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
-    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
-    trainer.fit(m, datamodule=_dm())
-    last = trainer.checkpoint_callback.last_model_path
-    frozen = m.cloc_loss.margins().detach().clone()
-    m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)  # fresh, learnable margins
-    t2 = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=4)
-    t2.fit(m2, datamodule=_dm(), ckpt_path=last)
-    assert m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), frozen)
-    assert t2.global_step == 16
-
-
-def test_final_margins_yaml_without_freeze_and_load_learnable_map(tmp_path: Path) -> None:
-    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE)
-    freeze = CLOCMarginFreeze()
-    _trainer(tmp_path, [freeze], max_epochs=1).fit(m, datamodule=_dm())
-    payload = yaml.safe_load(Path(freeze.path).read_text())
-    assert not payload["frozen_in_this_run"]
-    loaded = load_learnable_map(freeze.path)
-    m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, learnable_map=freeze.path)
-    assert m2.hparams.learnable_map == loaded  # resolved list stored, not the path
-    assert torch.allclose(m2.cloc_loss.margins(), m.cloc_loss.margins().detach(), atol=1e-6)
-    assert m2.margin_parameters() == []
-    assert load_learnable_map("[[fixed, 0.5], [learnable, null]]") == [["fixed", 0.5], ["learnable", None]]
-    with pytest.raises(FileNotFoundError, match="CLOCMarginFreeze"):
-        load_learnable_map("no_such_margins.yaml")
-
-
-class _FreezeThroughTheOwner(L.Callback):
-    """Freezes the margins at the start of epoch 1 through their owner (the loss), not the module or CLOCMarginFreeze."""
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.current_epoch == 1:
-            pl_module.cloc_loss.freeze(epoch=trainer.current_epoch, step=trainer.global_step)
-
-
-def test_a_freeze_through_the_owner_is_what_every_reader_reports(tmp_path: Path) -> None:
-    """One record of the frozen state: the module, the loss, both callbacks and the checkpoint read the owner's."""
-    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
-    freeze, plot = CLOCMarginFreeze(), CLOCMarginPlot(every_n_steps=1)  # freeze_at_epoch=None: never freezes itself
-    seen: list[torch.Tensor] = []
-
-    class Watch(L.Callback):
-        def on_train_epoch_end(self, trainer, pl_module):
-            seen.append(pl_module.cloc_loss.margins().detach().clone())
-
-    trainer = _trainer(tmp_path, [_FreezeThroughTheOwner(), freeze, plot, Watch()], max_epochs=3)
-    trainer.fit(m, datamodule=_dm())
-    when = {"epoch": 1, "step": 4}  # 4 steps per epoch
-    assert m.cloc_loss.frozen and m.cloc_loss.frozen_at == when and m.margins_frozen
-    assert m.cloc_loss.margin_kinds() == ["fixed"] * 3 and m.margin_parameters() == []
-    assert freeze.frozen_at == when and plot.frozen_step == 4
-    assert freeze.path is None  # frozen: no final-margins YAML, as after a freeze by the callback
-    assert torch.equal(seen[0], seen[1]) and torch.equal(seen[1], seen[2])  # nothing moved after the freeze
-    assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["model"]  # the optimiser dropped them
-    last = trainer.checkpoint_callback.last_model_path
-    ckpt = torch.load(last, weights_only=False)
-    assert ckpt["cloc"]["margins_frozen"] and ckpt["cloc"]["frozen_at"] == when
-    assert [k for k, _ in ckpt["cloc"]["learnable_map"]] == ["fixed"] * 3
-    assert ckpt["callbacks"]["CLOCMarginFreeze"]["frozen_at"] == when
-    assert ckpt["callbacks"]["CLOCMarginPlot"]["frozen_step"] == 4
-    # and back: a loaded module and a resumed fit's callbacks report the same freeze
-    loaded = CLOCModule.load_from_checkpoint(last)
-    assert loaded.margins_frozen and loaded.cloc_loss.frozen_at == when
-    m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
-    freeze2, plot2 = CLOCMarginFreeze(), CLOCMarginPlot(every_n_steps=1)
-    t2 = _trainer(tmp_path, [freeze2, plot2], max_epochs=4)
-    t2.fit(m2, datamodule=_dm(), ckpt_path=last)
-    assert t2.global_step == 16 and m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), seen[-1])
-    assert freeze2.frozen_at == when and plot2.frozen_step == 4
-
-
 def test_checkpoints_from_before_the_record_tell_when_they_were_frozen() -> None:
     """The stored fixture's ``cloc`` entry has no ``frozen_at``: the callbacks' states it was written with say it."""
     from tests._reliability import FIXTURE_CKPT
@@ -184,25 +75,6 @@ def test_checkpoints_from_before_the_record_tell_when_they_were_frozen() -> None
     assert "frozen_at" not in stored["cloc"]
     model = CLOCModule.load_from_checkpoint(str(FIXTURE_CKPT), map_location="cpu", weights_only=False)
     assert model.margins_frozen and model.cloc_loss.frozen_at == stored["callbacks"]["CLOCMarginFreeze"]["frozen_at"]
-
-
-def test_the_margin_plot_keeps_the_logged_margins_at_the_module_cadence(tmp_path: Path) -> None:
-    """One cadence: CLOCMarginPlot() records what the module logs, at log_margins_every_n_steps (and the end)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=3)
-    plot = CLOCMarginPlot()
-    assert plot.every_n_steps is None
-    trainer = _trainer(tmp_path, [plot], max_epochs=2)  # 8 steps
-    trainer.fit(m, datamodule=_dm())
-    assert plot.steps == [0, 3, 6, 8]
-    acc = EventAccumulator(str(trainer.log_dir), size_guidance={"scalars": 0}).Reload()
-    for i, name in enumerate(m.cloc_loss.margin_names()):
-        logged = {e.step: e.value for e in acc.Scalars(f"margins/{name}")}
-        assert [logged[s] for s in plot.steps[:-1]] == pytest.approx([v[i] for v in plot.values[:-1]], rel=0, abs=0)
-    assert [e.step for e in acc.Scalars("margins/C0-C1")][:1] == [0]
-    with pytest.raises(ValueError, match="log_margins_every_n_steps must be >= 0"):
-        CLOCModule(num_classes=4, backbone=TINY_BACKBONE, log_margins_every_n_steps=-1)
 
 
 def test_wrong_length_phase_two_map_is_an_error(tmp_path: Path) -> None:
@@ -308,3 +180,47 @@ def test_user_subclass_in_own_project_through_the_cli(tmp_path: Path, tiny_shape
     margins = yaml.safe_load((run / "cloc_margins.yaml").read_text())
     assert margins["frozen_in_this_run"] is True and len(margins["learnable_map"]) == 3
     assert all(kind == "fixed" for kind, _ in margins["learnable_map"])
+
+
+# ---------------------------------------------------------------- bad margin maps and phase-two margin files
+@pytest.mark.parametrize(
+    "margin_mode, learnable_map, error, match",
+    [
+        ("mm", [["fixed", 0.5], ["fixed", 0.6]], ValueError, "has 2 entries but .* needs exactly 3"),
+        ("mm", [["fixed", 0.5]] * 4, ValueError, "has 4 entries but .* needs exactly 3"),
+        ("sm", [["fixed", 0.5], ["fixed", 0.5]], ValueError, r"needs exactly 1"),
+        ("mm", [["frozen", 0.5]] * 3, ValueError, "kind must be 'learnable' or 'fixed'"),
+        ("mm", [["fixed", 0.0]] * 3, ValueError, "finite and > 0"),
+        ("mm", [["learnable", -0.2]] * 3, ValueError, "finite and > 0"),
+        ("mm", [["fixed", float("inf")]] * 3, ValueError, "finite and > 0"),
+        ("mm", [["fixed", "0.4"]] * 3, TypeError, "quoted string in YAML"),
+        ("mm", [["fixed", None]] * 3, ValueError, "'fixed' margin needs a value"),
+        ("mm", ["fixed", "fixed", "fixed"], TypeError, r"must be a pair \[kind, value\]"),
+        ("mm", [["fixed", 0.5, 1]] * 3, TypeError, r"must be a pair \[kind, value\]"),
+        ("mm", 0.5, TypeError, "list of \\[kind, value\\] pairs"),
+    ],
+    ids=["short", "long", "sm-two", "kind", "zero", "negative", "inf", "yaml-string", "fixed-none", "not-pairs",
+         "triples", "scalar"],
+)
+def test_malformed_learnable_map(margin_mode: str, learnable_map: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        CLOCModule(num_classes=4, margin_mode=margin_mode, learnable_map=learnable_map, **SMALL)
+
+
+def test_phase_two_margin_yaml_of_the_wrong_length(tmp_path: Path) -> None:
+    """A margins file written for another number of classes or margin mode is refused, naming it."""
+    five = tmp_path / "five_classes.yaml"  # CLOCMarginFreeze's format, from a 5-class mm run
+    five.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]] * 4, "margin_mode": "mm", "n_classes": 5}))
+    single = tmp_path / "sm.yaml"
+    single.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]], "margin_mode": "sm"}))
+    with pytest.raises(ValueError, match="has 4 entries but .*needs exactly 3.*phase-two margin YAML"):
+        CLOCModule(num_classes=4, learnable_map=str(five), **SMALL)
+    with pytest.raises(ValueError, match="has 1 entries but .*needs exactly 3"):
+        CLOCModule(num_classes=4, learnable_map=str(single), **SMALL)
+    with pytest.raises(ValueError, match="has 4 entries but OrdinalContrastiveLoss_sm"):
+        CLOCModule(num_classes=4, margin_mode="sm", learnable_map=str(five), **SMALL)
+    with pytest.raises(FileNotFoundError, match="CLOCMarginFreeze"):
+        CLOCModule(num_classes=4, learnable_map=str(tmp_path / "typo.yaml"), **SMALL)
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump({"margins": [0.5, 0.5, 0.5]}))
+    with pytest.raises(ValueError, match="has no 'learnable_map' key"):
+        CLOCModule(num_classes=4, learnable_map=str(tmp_path / "other.yaml"), **SMALL)

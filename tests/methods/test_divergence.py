@@ -25,7 +25,7 @@ from cloc_lightning.cli import main
 from cloc_lightning.methods import CLOCModule
 from cloc_lightning.metrics import build_metrics
 from tests._reliability import SMALL, _shapes
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_trainer
 
 
 class PoisonAtValidation(L.Callback):
@@ -41,11 +41,8 @@ class PoisonAtValidation(L.Callback):
 
 
 def _trainer(tmp_path: Path, callbacks: list[L.Callback], max_epochs: int) -> L.Trainer:
-    return L.Trainer(
-        max_epochs=max_epochs, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(tmp_path), limit_train_batches=2, limit_val_batches=1,
-        num_sanity_val_steps=0, callbacks=callbacks,
-    )
+    return cpu_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
+                       callbacks=callbacks)
 
 
 def _fit(model: L.LightningModule, trainer: L.Trainer) -> None:

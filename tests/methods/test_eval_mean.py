@@ -6,21 +6,17 @@ The DDP side (ranks holding different numbers of rows) is ``tests/e2e/test_ddp_e
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer
 
-
-def _trainer() -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
-    )
+_trainer = partial(cpu_trainer, enable_checkpointing=False)
 
 
 def test_validation_and_test_loss_are_the_mean_over_every_row() -> None:

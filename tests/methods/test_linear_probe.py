@@ -10,15 +10,16 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader, TensorDataset
 
 from cloc_lightning.checkpoints import ENCODER_META_KEY, encoder_state_dict, load_encoder
 from cloc_lightning.cli import main
-from cloc_lightning.data import OrdinalShapesDataModule
-from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
+from cloc_lightning.methods import CEModule, LinearProbeModule, OrdinalCLIPModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.probe import extract_features, logistic_regression_probe, probe_checkpoint
-from tests.conftest import TINY_BACKBONE, run_cli
+from tests._reliability import FIXTURE_CKPT, TINY_CLIP, _trainer
+from tests.conftest import TINY_BACKBONE, run_cli, tiny_shapes
 
 STAGE_ONE_YAML = """
 seed_everything: 0
@@ -97,10 +98,7 @@ def test_two_stage_path_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     assert 0.0 <= result["top1"] <= result["top5"] <= 1.0 and result["n_train"] == 96 and result["n_test"] == 24
 
 
-def _shapes(**kw) -> OrdinalShapesDataModule:
-    args = dict(num_classes=4, train_size=64, val_size=32, test_size=32, batch_size=16, num_workers=0)
-    args.update(kw)
-    return OrdinalShapesDataModule(**args)
+_shapes = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16
 
 
 @pytest.fixture(scope="module")
@@ -247,3 +245,29 @@ def test_probe_checkpoint_uses_the_checkpoints_backbone(ce_ckpt: Path) -> None:
     Xt, yt = extract_features(encoder, dm.test_dataloader())
     ref = logistic_regression_probe(X, y, Xt, yt, max_iter=300)
     assert res["top1"] == pytest.approx(ref["top1"]) and res["train_top1"] == pytest.approx(ref["train_top1"])
+
+
+# ----------------------------------------------------------- encoder checkpoints of the wrong kind
+def test_encoder_ckpt_missing_or_from_the_wrong_module(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs encoder_ckpt"):
+        LinearProbeModule(num_classes=4)
+    with pytest.raises(FileNotFoundError, match="does not exist; give the .ckpt of a stage-one run"):
+        LinearProbeModule(num_classes=4, encoder_ckpt=str(tmp_path / "missing.ckpt"))
+    margins = tmp_path / "cloc_margins.yaml"  # a file of the wrong kind
+    margins.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]] * 3}))
+    with pytest.raises(ValueError, match="cannot read .* as a PyTorch checkpoint"):
+        LinearProbeModule(num_classes=4, encoder_ckpt=str(margins))
+    # an OrdinalCLIP checkpoint: its image encoder is a CLIP visual tower, not a timm backbone
+    clip = OrdinalCLIPModule(num_classes=4, clip_model="ViT-S-32-alt", clip_config=TINY_CLIP, num_context_tokens=4)
+    trainer = _trainer(tmp_path)
+    trainer.strategy.connect(clip)
+    trainer.save_checkpoint(str(tmp_path / "oc.ckpt"))
+    with pytest.raises(ValueError, match="CLIP visual tower, not a timm backbone.*image_encoder: timm"):
+        LinearProbeModule(num_classes=4, encoder_ckpt=str(tmp_path / "oc.ckpt"))
+    torch.save({"optimizer_states": [], "epoch": 3}, tmp_path / "no_weights.ckpt")
+    with pytest.raises(ValueError, match="neither a Lightning checkpoint nor a state_dict"):
+        LinearProbeModule(num_classes=4, encoder_ckpt=str(tmp_path / "no_weights.ckpt"))
+    # the right kind (a CLOC checkpoint) works, and a wrong architecture override is named
+    assert LinearProbeModule(num_classes=4, encoder_ckpt=str(FIXTURE_CKPT)).feature_dim == 16
+    with pytest.raises(ValueError, match="backbone mismatch"):
+        LinearProbeModule(num_classes=4, encoder_ckpt=str(FIXTURE_CKPT), backbone="resnet18")

@@ -8,9 +8,9 @@ test fast; the CLI tests run the real ``python -m cloc_lightning`` in a subproce
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -30,7 +30,7 @@ from cloc_lightning.nn.prototypes import (  # noqa: E402
     RankPromptHead,
 )
 from cloc_lightning.nn.text_encoder import FrozenTextEncoder  # noqa: E402
-from tests.conftest import REPO, TINY_BACKBONE, run_cli  # noqa: E402
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, run_cli  # noqa: E402
 
 IMG = 16
 TINY = {
@@ -57,13 +57,7 @@ def _dm(num_classes: int = 5) -> OrdinalShapesDataModule:
     )
 
 
-def _trainer(tmp_path: Path, **kw) -> L.Trainer:
-    args = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(tmp_path), enable_checkpointing=False,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1, enable_checkpointing=False)
 
 
 def text_params(m: OrdinalCLIPModule) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from cloc_lightning.methods import CEModule, OrdinalRegressionModule
 from cloc_lightning.methods.ordinal_regression import RankMAE
 from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
 from tests._reliability import SMALL
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_trainer
 
 K = 4
 
@@ -40,19 +41,7 @@ def _dm(**kw: Any) -> OrdinalShapesDataModule:
     return OrdinalShapesDataModule(**args)
 
 
-def _trainer(tmp_path: Path, **kw: Any) -> L.Trainer:
-    args: dict[str, Any] = dict(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        num_sanity_val_steps=0,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1, num_sanity_val_steps=0)
 
 
 def _model(head: str = "corn", **kw: Any) -> OrdinalRegressionModule:

@@ -1,9 +1,13 @@
-"""ReLICModule: EMA target (params + BN buffers), schedules, multi-crop pairs, mini-batch splitting, CLI and probe."""
+"""ReLICModule: its EMA target over a fit, schedules, multi-crop pairs, mini-batch splitting, CLI and probe.
+
+The EMA update itself (parameters and BatchNorm buffers): ``tests/nn/test_ema.py``.
+"""
 
 from __future__ import annotations
 
 import itertools
 import math
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -17,7 +21,8 @@ from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 from cloc_lightning.methods import LinearProbeModule, ReLICModule
 from cloc_lightning.methods.relic import cosine_gamma
 from cloc_lightning.nn.ema import cosine_beta
-from tests.conftest import REPO, TINY_BACKBONE, run_cli
+from tests._reliability import RELIC_ARGS, SMALL, _fit, _relic_views, _shapes
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, run_cli
 
 QUIET = dict(online_probe=False, knn_k=0)
 
@@ -30,13 +35,7 @@ def _dm(views: object | None = None, **kw: object) -> OrdinalShapesDataModule:
     return OrdinalShapesDataModule(train_views=views if views is not None else MultiCropViews(2, 1, local_size=16), **args)
 
 
-def _trainer(tmp_path: Path, **kw: object) -> L.Trainer:
-    args: dict = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(tmp_path), log_every_n_steps=1, num_sanity_val_steps=0, limit_val_batches=0,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(cpu_trainer, max_epochs=1, log_every_n_steps=1, num_sanity_val_steps=0, limit_val_batches=0)
 
 
 class _ConvReLIC(ReLICModule):
@@ -60,42 +59,6 @@ def _pair_mean_reference(online: list[torch.Tensor], target: list[torch.Tensor],
     return torch.stack(terms).mean()
 
 
-# --------------------------------------------------------------------------- EMA
-def test_ema_update_is_a_lerp_of_parameters_and_batchnorm_buffers() -> None:
-    torch.manual_seed(0)
-    m = ReLICModule(backbone=TINY_BACKBONE, **QUIET)
-    online_mods = {"backbone.": m.backbone, "projector.": m.projector}
-    with torch.no_grad():  # move the online network (weights AND running statistics) away from the target
-        for mod in online_mods.values():
-            for p in mod.parameters():
-                p.add_(torch.randn_like(p))
-            for b in mod.buffers():
-                b.copy_(torch.rand_like(b) + 0.5) if b.is_floating_point() else b.fill_(7)
-    online = {k: v.clone() for k, v in m.state_dict().items() if k.startswith(("backbone.", "projector."))}
-    before = {k: v.clone() for k, v in m.state_dict().items() if k.startswith("target_")}
-    m.update_target(0.9)
-    after = m.state_dict()
-    checked = {"weight": 0, "running_mean": 0, "running_var": 0, "num_batches_tracked": 0}
-    for key, o in online.items():
-        t_key = key.replace("backbone.", "target_encoder.", 1).replace("projector.", "target_projector.", 1)
-        if o.is_floating_point():
-            expected = 0.9 * before[t_key] + 0.1 * o  # hand-written lerp
-            assert torch.allclose(after[t_key], expected, atol=1e-6), key
-            assert not torch.allclose(before[t_key], after[t_key]), key
-        else:
-            assert torch.equal(after[t_key], o), key  # integer buffers are copied
-        for name in checked:
-            checked[name] += key.endswith(name)
-    assert all(n > 0 for n in checked.values()), checked  # BN buffers were among the checked tensors
-    m.update_target(1.0)
-    assert all(torch.equal(m.state_dict()[k], v) for k, v in after.items() if k.startswith("target_"))
-    m.copy_target()
-    for key, o in online.items():
-        t_key = key.replace("backbone.", "target_encoder.", 1).replace("projector.", "target_projector.", 1)
-        assert torch.equal(m.state_dict()[t_key], o)
-    assert not any(p.requires_grad for p in [*m.target_encoder.parameters(), *m.target_projector.parameters()])
-    with pytest.raises(ValueError, match="beta"):
-        m.update_target(1.5)
 
 
 def _target_is_online(m: ReLICModule) -> bool:
@@ -487,3 +450,16 @@ def test_multicrop_views_seed_blur_kernel_and_solarize_threshold() -> None:
     assert len(solarize) == 2 and all(s.threshold == 127 for s in solarize)  # global views only
     with pytest.raises(ValueError, match="odd positive"):
         MultiCropViews(blur_kernel_size=4)
+
+
+# ------------------------------------------------------------------ bad input
+def test_relic_mini_batch_size_not_dividing_the_batch(tmp_path: Path) -> None:
+    relic = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=3, **RELIC_ARGS, **SMALL)
+    with pytest.raises(ValueError, match=r"mini_batch_size=3 does not divide data.batch_size=8.*e\.g\. 2"):
+        _fit(relic, _shapes(views=_relic_views()), tmp_path)
+    relic = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=4, **RELIC_ARGS, **SMALL)
+    with pytest.raises(ValueError, match="last training batch holds 2 images.*drop_last: true"):
+        _fit(relic, _shapes(views=_relic_views(), train_size=34, drop_last=False), tmp_path)
+    with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
+        ReLICModule(mini_batch_size=0)
+

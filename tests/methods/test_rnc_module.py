@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
 from cloc_lightning.losses import RnCLoss
 from cloc_lightning.methods import LinearProbeModule, LinearRegressorModule, RnCModule
 from tests._reliability import SMALL
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_trainer
 
 CONFIGS = REPO / "configs" / "rnc"
 
@@ -43,12 +44,9 @@ def _dm(n_views: int | None = 2, num_classes: int = 4, **kw: Any) -> OrdinalShap
     return OrdinalShapesDataModule(train_views=SupConViews(n_views, scale=(0.8, 1.0)) if n_views else None, **args)
 
 
-def _trainer(tmp_path: Path, **kw: Any) -> L.Trainer:
-    args: dict[str, Any] = dict(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                                enable_model_summary=False, default_root_dir=str(tmp_path), log_every_n_steps=1,
-                                limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(
+    cpu_trainer, max_epochs=1, log_every_n_steps=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0
+)
 
 
 def _fit(model: L.LightningModule, dm: L.LightningDataModule, trainer: L.Trainer) -> L.Trainer:

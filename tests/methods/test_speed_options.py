@@ -10,6 +10,8 @@ References are the same module trained without the option (numbers equal to a to
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, CLOCModule, LinearProbeModule, ReLICModule, SupConModule
 from cloc_lightning.methods import optim as optim_module
 from cloc_lightning.nn.backbones import create_backbone
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer, torch_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*self.trainer.*reference is not registered:UserWarning")
 
@@ -32,12 +34,10 @@ SPEED_OPTIONS = ("compile_backbone", "channels_last", "optimizer_fused", "optimi
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
+def _one_thread() -> Iterator[None]:
     """One intra-op thread for these tiny models (on a busy 2-core machine a second one mostly waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def _dm(views: Any = None, **kw: Any) -> OrdinalShapesDataModule:
@@ -46,13 +46,9 @@ def _dm(views: Any = None, **kw: Any) -> OrdinalShapesDataModule:
     return OrdinalShapesDataModule(train_views=views, **args)
 
 
-def _trainer(root: Path, **kw: Any) -> L.Trainer:
-    args: dict[str, Any] = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(root), num_sanity_val_steps=0, limit_train_batches=2, limit_val_batches=1, deterministic=True,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+_trainer = partial(
+    cpu_trainer, max_epochs=1, num_sanity_val_steps=0, limit_train_batches=2, limit_val_batches=1, deterministic=True
+)
 
 
 def _fit(model: L.LightningModule, root: Path, dm: OrdinalShapesDataModule | None = None, ckpt_path: str | None = None,

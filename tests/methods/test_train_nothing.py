@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -22,16 +23,9 @@ from cloc_lightning.callbacks import CLOCMarginFreeze
 from cloc_lightning.cli import main
 from cloc_lightning.methods import CEModule, CLOCModule
 from tests._reliability import SMALL, _shapes
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_trainer
 
-
-def _trainer(tmp_path: Path, **kw: object) -> L.Trainer:
-    args: dict[str, object] = dict(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(tmp_path), limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
-    )
-    args.update(kw)
-    return L.Trainer(**args)  # type: ignore[arg-type]
+_trainer = partial(cpu_trainer, max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
 
 
 @pytest.mark.parametrize(

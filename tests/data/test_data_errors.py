@@ -22,12 +22,11 @@ from cloc_lightning.data.folder import CSVDataModule
 from cloc_lightning.methods import CEModule
 from tests._reliability import (
     SMALL,
-    _cli_env,
     _fit,
     _folder,
     _jpeg,
 )
-from tests.conftest import REPO
+from tests.conftest import REPO, cli_env
 
 
 def test_data_labels_out_of_range_stop_at_setup(tmp_path: Path) -> None:
@@ -157,7 +156,7 @@ def test_dying_loader_worker_is_a_clear_error_not_a_hang(tmp_path: Path) -> None
         "trainer.fit(model, train_dataloaders=loader)\n"
     )
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_cli_env(), capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode != 0
     assert "DataLoader worker (pid" in proc.stderr and "exited unexpectedly" in proc.stderr, proc.stderr[-3000:]

@@ -23,7 +23,8 @@ import yaml
 from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE, Preempted, PreemptionCheckpoint
 from cloc_lightning.methods import CLOCModule
 from tests._faults import SignalAtStep
-from tests._reliability import SMALL, _cli_env, _last_ckpt, _shapes, assert_same
+from tests._reliability import SMALL, _last_ckpt, _shapes, assert_same
+from tests.conftest import cli_env
 
 STEPS_PER_EPOCH = 4
 
@@ -110,7 +111,7 @@ def _cli_cfg(tmp_path: Path, name: str, sigterm_at: int | None) -> Path:
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cloc_lightning", *args], cwd=tmp_path, env=_cli_env(),
+    return subprocess.run([sys.executable, "-m", "cloc_lightning", *args], cwd=tmp_path, env=cli_env(),
                           capture_output=True, text=True, timeout=300)
 
 

@@ -1,5 +1,8 @@
-"""Reliability of the Lightning modules: class counts, margin maps, NaN inputs and gradients, view counts,
-mini-batch sizes, encoder checkpoints, phase-two margin files, bf16-mixed fits.
+"""Bad input every Lightning module shares (``cloc_lightning/methods/base.py``): class counts that do not match the
+data, NaN inputs and gradients, multi-view counts that do not match the module, bf16-mixed fits that stay finite.
+
+A module's own bad input is tested beside it (``test_cloc_module.py``: margin maps and phase-two margin files;
+``test_relic_module.py``: mini-batch sizes; ``test_linear_probe.py``: encoder checkpoints).
 """
 
 from __future__ import annotations
@@ -12,25 +15,20 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-import yaml
 
 from cloc_lightning.data import (
     MultiCropViews,
     OrdinalShapesDataModule,
 )
-from cloc_lightning.methods import CLOCModule, LinearProbeModule, OrdinalCLIPModule, ReLICModule, SupConModule
+from cloc_lightning.methods import CLOCModule, ReLICModule, SupConModule
 from tests._reliability import (
-    FIXTURE_CKPT,
     MODULES,
     RELIC_ARGS,
     SMALL,
-    TINY_CLIP,
     _all_finite,
     _fit,
     _make,
-    _relic_views,
     _shapes,
-    _trainer,
 )
 
 
@@ -41,30 +39,6 @@ def test_num_classes_mismatching_the_data(name: str, tmp_path: Path) -> None:
     model, dm = _make(name, n=5)
     with pytest.raises(ValueError, match=r"num_classes=5 but OrdinalShapesDataModule has 4 classes.*num_classes 4"):
         _fit(model, dm, tmp_path)
-
-
-@pytest.mark.parametrize(
-    "margin_mode, learnable_map, error, match",
-    [
-        ("mm", [["fixed", 0.5], ["fixed", 0.6]], ValueError, "has 2 entries but .* needs exactly 3"),
-        ("mm", [["fixed", 0.5]] * 4, ValueError, "has 4 entries but .* needs exactly 3"),
-        ("sm", [["fixed", 0.5], ["fixed", 0.5]], ValueError, r"needs exactly 1"),
-        ("mm", [["frozen", 0.5]] * 3, ValueError, "kind must be 'learnable' or 'fixed'"),
-        ("mm", [["fixed", 0.0]] * 3, ValueError, "finite and > 0"),
-        ("mm", [["learnable", -0.2]] * 3, ValueError, "finite and > 0"),
-        ("mm", [["fixed", float("inf")]] * 3, ValueError, "finite and > 0"),
-        ("mm", [["fixed", "0.4"]] * 3, TypeError, "quoted string in YAML"),
-        ("mm", [["fixed", None]] * 3, ValueError, "'fixed' margin needs a value"),
-        ("mm", ["fixed", "fixed", "fixed"], TypeError, r"must be a pair \[kind, value\]"),
-        ("mm", [["fixed", 0.5, 1]] * 3, TypeError, r"must be a pair \[kind, value\]"),
-        ("mm", 0.5, TypeError, "list of \\[kind, value\\] pairs"),
-    ],
-    ids=["short", "long", "sm-two", "kind", "zero", "negative", "inf", "yaml-string", "fixed-none", "not-pairs",
-         "triples", "scalar"],
-)
-def test_malformed_learnable_map(margin_mode: str, learnable_map: Any, error: type, match: str) -> None:
-    with pytest.raises(error, match=match):
-        CLOCModule(num_classes=4, margin_mode=margin_mode, learnable_map=learnable_map, **SMALL)
 
 
 class _NaNShapes(OrdinalShapesDataModule):
@@ -139,61 +113,6 @@ def test_multi_view_counts_that_do_not_match_the_module(tmp_path: Path) -> None:
         _fit(relic, _shapes(views=MultiCropViews(num_global_views=2, num_local_views=0)), tmp_path)
     with pytest.raises(ValueError, match="needs multi-crop batches"):
         _fit(relic, _shapes(), tmp_path)
-
-
-def test_relic_mini_batch_size_not_dividing_the_batch(tmp_path: Path) -> None:
-    relic = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=3, **RELIC_ARGS, **SMALL)
-    with pytest.raises(ValueError, match=r"mini_batch_size=3 does not divide data.batch_size=8.*e\.g\. 2"):
-        _fit(relic, _shapes(views=_relic_views()), tmp_path)
-    relic = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=4, **RELIC_ARGS, **SMALL)
-    with pytest.raises(ValueError, match="last training batch holds 2 images.*drop_last: true"):
-        _fit(relic, _shapes(views=_relic_views(), train_size=34, drop_last=False), tmp_path)
-    with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
-        ReLICModule(mini_batch_size=0)
-
-
-def test_encoder_ckpt_missing_or_from_the_wrong_module(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="needs encoder_ckpt"):
-        LinearProbeModule(num_classes=4)
-    with pytest.raises(FileNotFoundError, match="does not exist; give the .ckpt of a stage-one run"):
-        LinearProbeModule(num_classes=4, encoder_ckpt=str(tmp_path / "missing.ckpt"))
-    margins = tmp_path / "cloc_margins.yaml"  # a file of the wrong kind
-    margins.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]] * 3}))
-    with pytest.raises(ValueError, match="cannot read .* as a PyTorch checkpoint"):
-        LinearProbeModule(num_classes=4, encoder_ckpt=str(margins))
-    # an OrdinalCLIP checkpoint: its image encoder is a CLIP visual tower, not a timm backbone
-    clip = OrdinalCLIPModule(num_classes=4, clip_model="ViT-S-32-alt", clip_config=TINY_CLIP, num_context_tokens=4)
-    trainer = _trainer(tmp_path)
-    trainer.strategy.connect(clip)
-    trainer.save_checkpoint(str(tmp_path / "oc.ckpt"))
-    with pytest.raises(ValueError, match="CLIP visual tower, not a timm backbone.*image_encoder: timm"):
-        LinearProbeModule(num_classes=4, encoder_ckpt=str(tmp_path / "oc.ckpt"))
-    torch.save({"optimizer_states": [], "epoch": 3}, tmp_path / "no_weights.ckpt")
-    with pytest.raises(ValueError, match="neither a Lightning checkpoint nor a state_dict"):
-        LinearProbeModule(num_classes=4, encoder_ckpt=str(tmp_path / "no_weights.ckpt"))
-    # the right kind (a CLOC checkpoint) works, and a wrong architecture override is named
-    assert LinearProbeModule(num_classes=4, encoder_ckpt=str(FIXTURE_CKPT)).feature_dim == 16
-    with pytest.raises(ValueError, match="backbone mismatch"):
-        LinearProbeModule(num_classes=4, encoder_ckpt=str(FIXTURE_CKPT), backbone="resnet18")
-
-
-def test_phase_two_margin_yaml_of_the_wrong_length(tmp_path: Path) -> None:
-    """A margins file written for another number of classes or margin mode is refused, naming it."""
-    five = tmp_path / "five_classes.yaml"  # CLOCMarginFreeze's format, from a 5-class mm run
-    five.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]] * 4, "margin_mode": "mm", "n_classes": 5}))
-    single = tmp_path / "sm.yaml"
-    single.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5]], "margin_mode": "sm"}))
-    with pytest.raises(ValueError, match="has 4 entries but .*needs exactly 3.*phase-two margin YAML"):
-        CLOCModule(num_classes=4, learnable_map=str(five), **SMALL)
-    with pytest.raises(ValueError, match="has 1 entries but .*needs exactly 3"):
-        CLOCModule(num_classes=4, learnable_map=str(single), **SMALL)
-    with pytest.raises(ValueError, match="has 4 entries but OrdinalContrastiveLoss_sm"):
-        CLOCModule(num_classes=4, margin_mode="sm", learnable_map=str(five), **SMALL)
-    with pytest.raises(FileNotFoundError, match="CLOCMarginFreeze"):
-        CLOCModule(num_classes=4, learnable_map=str(tmp_path / "typo.yaml"), **SMALL)
-    (tmp_path / "other.yaml").write_text(yaml.safe_dump({"margins": [0.5, 0.5, 0.5]}))
-    with pytest.raises(ValueError, match="has no 'learnable_map' key"):
-        CLOCModule(num_classes=4, learnable_map=str(tmp_path / "other.yaml"), **SMALL)
 
 
 # ---------------------------------------------------------------- mixed precision

@@ -1,48 +1,37 @@
-"""Reliability through the CLI: wrong types and typos in configs, a fit SIGKILLed and resumed with ``--ckpt_path last``.
+"""Exact resume (``cloc_lightning/resume.py``): a fit stopped mid-epoch and resumed equals an uninterrupted one.
+
+In process through ``trainer.fit(ckpt_path=...)`` (also from the stored fixture, ``tests/fixtures/``), and through
+the CLI: a fit SIGKILLed and resumed with ``--ckpt_path last`` (*slow*).
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
-import yaml
 
+from cloc_lightning.callbacks import CLOCMarginFreeze
+from cloc_lightning.methods import CLOCModule, ReLICModule
 from tests._reliability import (
+    FIXTURE_CKPT,
+    FIXTURE_OUTPUTS,
+    RELIC_ARGS,
+    SMALL,
+    _all_finite,
     _cli_config,
     _fit_killed_at,
     _last_ckpt,
-    _tiny_cli_config,
+    _relic_views,
+    _shapes,
+    _trainer,
     assert_same,
 )
 from tests.conftest import run_cli
-
-
-def test_learnable_map_wrong_type_from_yaml_through_the_cli(tmp_path: Path) -> None:
-    """YAML strings: jsonargparse reads a quoted number ('0.4') as the number; anything else is refused by name."""
-    cfg = _tiny_cli_config({"learnable_map": [["fixed", "0.4"], ["fixed", "abc"], ["fixed", 0.6]]})
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
-    proc = run_cli(["fit", "--config", "bad.yaml"], tmp_path, check=False, timeout=180)
-    assert proc.returncode != 0
-    assert "learnable_map[1]: the margin value must be a number > 0 or None, got 'abc'" in proc.stderr
-    assert "learnable_map[0]" not in proc.stderr  # '0.4' became 0.4
-
-
-def test_config_typos_fail_naming_the_key(tmp_path: Path) -> None:
-    """An unknown key in YAML, or on the command line, stops while parsing with the key named.
-
-    (Command-line options may be abbreviated to a unique prefix, argparse's ``allow_abbrev``:
-    ``--trainer.max_epoch`` *is* ``--trainer.max_epochs``; a key that is no prefix is refused.)
-    """
-    cfg = _tiny_cli_config({"margn_lr": 0.1})
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    proc = run_cli(["fit", "--config", "cfg.yaml"], tmp_path, check=False, timeout=180)
-    assert proc.returncode != 0 and "margn_lr" in proc.stderr, proc.stderr[-2000:]
-    (tmp_path / "good.yaml").write_text(yaml.safe_dump(_tiny_cli_config({"margin_lr": 0.1})))
-    proc = run_cli(["fit", "--config", "good.yaml", "--trainer.max_epochz", "1"], tmp_path, check=False, timeout=180)
-    assert proc.returncode != 0 and "max_epochz" in proc.stderr, proc.stderr[-2000:]
-    assert "Epoch" not in proc.stdout + proc.stderr  # stopped while parsing, before any training
 
 
 @pytest.mark.slow
@@ -94,3 +83,59 @@ def test_cli_relic_fit_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(
     assert_same(resumed["optimizer_states"], reference["optimizer_states"], "optimizer_states")
     assert_same(resumed["lr_schedulers"], reference["lr_schedulers"], "lr_schedulers")
     assert (resumed["global_step"], resumed["epoch"]) == (reference["global_step"], reference["epoch"])
+
+
+@pytest.mark.parametrize("method", ["cloc", "relic-mini-batches"])
+def test_resume_in_process_is_exact_mid_epoch_with_random_augmentation(method: str, tmp_path: Path) -> None:
+    """The Python API gets the same guarantee: stop after step 3 of 4 (mid-epoch 1), resume, compare to one fit.
+    CLOC with learnable margins and random crops+flips; ReLIC with ``mini_batch_size`` (manual optimisation)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Killed(Exception):
+        pass
+
+    class Stop(L.Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == 3:
+                raise Killed
+
+    def run(folder: str, ckpt: str | None = None, stop: bool = False) -> tuple[L.LightningModule, L.Trainer]:
+        L.seed_everything(0, verbose=False)
+        if method == "cloc":
+            model: L.LightningModule = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
+            dm = _shapes(augment="crop_flip", batch_size=16)
+        else:
+            model = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=8, **RELIC_ARGS, **SMALL)
+            dm = _shapes(views=_relic_views(), batch_size=16)
+        callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True)]
+        if stop:
+            callbacks.append(Stop())
+        trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=None, limit_val_batches=0, callbacks=callbacks,
+                           enable_checkpointing=True, deterministic=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with contextlib.suppress(Killed):
+                trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return model, trainer
+
+    full, _ = run("full")
+    _, stopped = run("part", stop=True)
+    assert stopped.global_step == 3  # killed in the middle of epoch 1 (2 steps per epoch)
+    resumed, trainer = run("part", ckpt=str(tmp_path / "part" / "last.ckpt"))
+    assert trainer.global_step == 4
+    assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
+
+
+def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
+    """Not only the weights: optimiser, schedule, loops and callback states of the stored checkpoint resume."""
+    stored = torch.load(FIXTURE_OUTPUTS, map_location="cpu", weights_only=False)
+    model = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
+    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=None, limit_val_batches=0,
+                       callbacks=[CLOCMarginFreeze(freeze_at_epoch=1, filename="m.yaml")])
+    dm = _shapes(train_size=32, val_size=16, test_size=16, batch_size=16)  # the fixture's data: 2 steps per epoch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, datamodule=dm, ckpt_path=str(FIXTURE_CKPT))
+    assert trainer.global_step == 6  # 2 stored epochs + 1 more, 2 steps each
+    assert model.margins_frozen and torch.equal(model.cloc_loss.margins().detach(), stored["margins"])
+    assert _all_finite(model)

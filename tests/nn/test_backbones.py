@@ -1,4 +1,5 @@
-"""HalfSafeConv2d: float32 where PyTorch's CPU bf16 convolution is wrong (one-pixel-wide strided outputs), nn.Conv2d elsewhere.
+"""The backbones (``cloc_lightning/nn/backbones.py``): unknown model names, and HalfSafeConv2d: float32 where
+PyTorch's CPU bf16 convolution is wrong (one-pixel-wide strided outputs), nn.Conv2d elsewhere.
 
 PyTorch 2.14's oneDNN bf16 convolution on CPU gives NaN or wrong weight gradients (and, for ``[*, *, 3, 1]``
 inputs, wrong outputs) when a strided convolution's output is one pixel wide -- the 1x1 / 2x2 maps that
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cloc_lightning.methods import CLOCModule, OrdinalCLIPModule
 from cloc_lightning.nn.backbones import HalfSafeConv2d, create_backbone, use_half_safe_convs
 
 BF16_EPS = 2.0**-8  # bf16 keeps 8 significant bits: one rounding is within 2**-9 relative, two within 2**-8
@@ -130,3 +132,18 @@ def test_test_resnet_on_16px_crops_has_finite_bf16_gradients() -> None:
     got, want = model.get_parameter(last).grad.double(), reference.get_parameter(last).grad
     # bf16 activations through the network: the last stage's weight gradient within a few bf16 roundings
     assert float((got - want).abs().max()) <= 0.1 * float(want.abs().max())
+
+
+# ---------------------------------------------------------------- unknown model names
+def test_unknown_timm_and_open_clip_model_names() -> None:
+    from cloc_lightning.nn.backbones import create_backbone
+    from cloc_lightning.nn.clip import load_clip
+
+    with pytest.raises(ValueError, match=r"Unknown timm backbone 'resnet181'.*'resnet18'"):
+        create_backbone("resnet181")
+    with pytest.raises(ValueError, match=r"Unknown timm backbone 'resnet181'"):
+        CLOCModule(num_classes=4, backbone="resnet181")
+    with pytest.raises(ValueError, match=r"Unknown open_clip model name 'ViT-B-322'.*'ViT-B-32'"):
+        load_clip("ViT-B-322", None)
+    with pytest.raises(ValueError, match=r"Unknown open_clip model name 'ViT-B-322'"):
+        OrdinalCLIPModule(num_classes=4, clip_model="ViT-B-322")
