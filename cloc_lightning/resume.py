@@ -27,7 +27,7 @@ mid-epoch resume is exact there too.
 
 Every :class:`~cloc_lightning.methods.base.BaseModule` adds :class:`ResumeState`
 (``configure_callbacks``) and every data module builds its training loader from
-:class:`ResumableDataLoader` and :class:`EpochShuffleSampler`.  ``tests/test_reliability_checkpoints.py``
+:class:`ResumableDataLoader` and :class:`EpochShuffleSampler`.  ``tests/test_resume.py``
 checks the whole chain with ``num_workers: 0``, ``tests/data/test_exact_resume_workers.py`` with
 2 workers.  Custom transforms must draw from torch's generator (all torchvision v2
 transforms do) for this to hold.

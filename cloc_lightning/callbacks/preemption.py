@@ -11,7 +11,7 @@ and the partial epoch is lost.  :class:`PreemptionCheckpoint` (added to every mo
    logging step (``log_every_n_steps``) or epoch end, after every rank agreed on the flag with
    one all-reduce -- writes ``last.ckpt`` into the run's checkpoint folder.  The checkpoint is
    mid-epoch and exact: ``--ckpt_path last`` continues with the next batch, and the run equals
-   one that was never interrupted (``tests/cli/test_preemption.py``);
+   one that was never interrupted (``tests/callbacks/test_preemption.py``);
 3. exits with :attr:`exit_code` (default 143 = 128 + SIGTERM, what a shell reports for a
    process killed by SIGTERM), so a scheduler sees the run as interrupted, not finished.
 
