@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
-from cloc_lightning.methods.base import ClassifierModule, OptimizerName, SchedulerName
+from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
 from cloc_lightning.nn.prompt_learner import InterpolationKind, RankPosition, RankPromptLearner, rank_interpolation_weights
@@ -76,6 +77,7 @@ class _LoadedCLIP:
     logit_scale: float
 
 
+@method_defaults(optimizer="radam", lr=1e-4)
 class OrdinalCLIPModule(ClassifierModule):
     """OrdinalCLIP (Li et al., NeurIPS 2022): learned rank prompts on a frozen CLIP text encoder.
 
@@ -141,14 +143,13 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
-        optimizer: ``radam`` (reference; decoupled weight decay, see :meth:`build_optimizer`) |
-            ``adam`` | ``adamw`` | ``sgd``.
-        lr: base learning rate (reference: 1e-4 for every group).
+        optimizer: ``radam`` (the reference's and this module's default; decoupled weight decay, see
+            :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
+        lr: base learning rate (the reference's and this module's default: 1e-4 for every group).
         weight_decay: weight decay of every group except the logit scale.
-        scheduler: ``cosine`` (per step, after ``warmup_epochs``) | ``step`` | ``none``.
-        **kwargs: other :class:`~cloc_lightning.methods.base.ClassifierModule` /
-            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``,
-            ``warmup_epochs``, ``min_lr_ratio``, ``lr_milestones``, ``init_from``, ...).
+        **kwargs: the other :class:`~cloc_lightning.methods.base.ClassifierModule` /
+            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, ``scheduler``,
+            ``warmup_epochs``, ``min_lr_ratio``, ``init_from``, ...).
     """
 
     head: PrototypeHead
@@ -162,10 +163,7 @@ class OrdinalCLIPModule(ClassifierModule):
         pretrained: str | None = None,
         clip_config: dict[str, Any] | None = None,
         image_encoder: ImageEncoderKind = "clip",
-        backbone: str = "resnet18",
         backbone_pretrained: bool | str = False,
-        cifar_stem: bool = False,
-        backbone_kwargs: dict[str, Any] | None = None,
         head: HeadKind = "prompts",
         num_base_ranks: int = 3,
         num_tokens_per_rank: int = 1,
@@ -186,10 +184,6 @@ class OrdinalCLIPModule(ClassifierModule):
         rank_lr: float | None = None,
         image_encoder_lr: float | None = None,
         logit_scale_lr: float | None = None,
-        optimizer: OptimizerName = "radam",
-        lr: float = 1e-4,
-        weight_decay: float = 0.0,
-        scheduler: SchedulerName = "cosine",
         **kwargs: Any,
     ) -> None:
         # cheap checks first: a config error must not wait for a CLIP model to be built
@@ -219,17 +213,7 @@ class OrdinalCLIPModule(ClassifierModule):
             ce_weight=ce_weight, kl_weight=kl_weight, target_sharpness=target_sharpness, check_finite=check_finite
         )
         OrdinalCLIPLoss(**loss_kwargs)  # validates the weights before anything is built
-        super().__init__(
-            num_classes=num_classes,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            scheduler=scheduler,
-            backbone=backbone,
-            cifar_stem=cifar_stem,
-            backbone_kwargs=backbone_kwargs,
-            **kwargs,
-        )
+        super().__init__(num_classes=num_classes, **kwargs)
         self._loaded_clip = None  # build_head has taken what it needs; a subclass's head may not have
         #: projection of timm features to D (identity for CLIP's visual tower, which ends at D)
         self.image_proj: nn.Module = (
