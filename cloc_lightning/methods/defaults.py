@@ -15,15 +15,17 @@ Then ``SupConModule()`` trains with SGD at lr 0.05, and ``inspect.signature(SupC
 LightningCLI's ``--model.help`` / ``--print_config`` and its YAML validation show every argument
 with the method's default.  The class docstring's ``Args`` section gains the description of
 each argument it does not document itself, taken from the component or base that declares it,
-so that ``--help`` describes every option (jsonargparse reads a class's own docstring).
+so that ``--help`` describes every option (older jsonargparse versions, which the package
+allows, read only the class's own docstring, not its bases').
 
 The constructor binds its arguments to that signature (a wrong name is a ``TypeError`` naming
 the class) and calls the method's ``__init__`` with all of them by keyword.  Hyper-parameters:
-LightningCLI hands the module its configuration to save (``save_hyperparameters``); outside the
-CLI the decorated constructor hands over the same, the bound arguments (with those of a subclass
-of yours that calls it through ``super().__init__``), because Lightning's own collection reads
-each ``__init__``'s signature and finds no local variable for the arguments that arrive in
-``**kwargs``.
+LightningCLI (Lightning >= 2.3) hands the module its configuration for ``save_hyperparameters``
+through Lightning's context variable ``hparams_mixin._given_hyperparameters``; outside the CLI
+the decorated constructor hands over its bound arguments the same way (with those of an
+undecorated subclass that calls it through ``super().__init__``), because Lightning's own
+collection reads each ``__init__`` frame's local variables by the names of its signature and
+would find none for the arguments that arrive in ``**kwargs``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import inspect
 import re
 import typing
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -47,6 +50,8 @@ _FOREIGN = ("lightning", "pytorch_lightning", "torch", "builtins")
 #: a Google-style ``Args:`` entry: ``name: text`` (also ``name (type): text`` and ``**kwargs: text``)
 _ENTRY = re.compile(r"(\*{0,2}[A-Za-z_]\w*)(?:\s*\([^)]*\))?:(?:\s|$)")
 _SECTIONS = ("Args:", "Arguments:")
+#: the module whose hyper-parameters a decorated constructor handed to Lightning (``None``: none, or LightningCLI's)
+_HPARAMS_OF: ContextVar[Any] = ContextVar("cloc_lightning_hparams_of", default=None)
 
 
 def _parameters(function: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
@@ -224,17 +229,19 @@ def method_defaults(*arguments_of: type, **defaults: Any) -> Callable[[_C], _C]:
             bound.apply_defaults()
             arguments = dict(bound.arguments)
             del arguments[self_param.name]
-            if _given_hyperparameters.get() is not None:  # LightningCLI (or an outer constructor) gave them
-                original(self, **arguments)
+            owner = _HPARAMS_OF.get()
+            if _given_hyperparameters.get() is not None and (owner is None or owner is self):
+                original(self, **arguments)  # LightningCLI's configuration, or this module's own from a subclass's call
                 return
             frame = inspect.currentframe()
             given = {**arguments, **_enclosing_arguments(self, frame.f_back if frame is not None else None)}
             del frame
-            token = _given_hyperparameters.set(given)
+            tokens = _given_hyperparameters.set(given), _HPARAMS_OF.set(self)
             try:
                 original(self, **arguments)
             finally:
-                _given_hyperparameters.reset(token)
+                _given_hyperparameters.reset(tokens[0])
+                _HPARAMS_OF.reset(tokens[1])
 
         __init__.__signature__ = signature  # type: ignore[attr-defined]
         __init__.__annotations__ = {

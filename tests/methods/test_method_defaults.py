@@ -47,9 +47,9 @@ EVALUATOR_ARGUMENTS = set(inspect.signature(OnlineEvaluator).parameters)
 def test_signature_has_every_argument_with_the_methods_defaults(cls: type) -> None:
     params = inspect.signature(cls).parameters
     assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), "the complete signature, no **kwargs"
-    assert BASE_ARGUMENTS <= set(params)
+    assert set(params) >= BASE_ARGUMENTS
     if issubclass(cls, PretrainModule):
-        assert EVALUATOR_ARGUMENTS <= set(params)
+        assert set(params) >= EVALUATOR_ARGUMENTS
     for name, value in METHOD_DEFAULTS[cls].items():
         assert params[name].default == value, (cls.__name__, name)
     for name in ("lr", "optimizer", "backbone_init", "init_from"):
@@ -174,6 +174,25 @@ def test_decorator_signature_hparams_and_docstring() -> None:
                  "optimizer: the optimiser (base)."):
         assert line in args
     assert args.index("optimizer:") < args.index("**kwargs:"), "inherited entries go before **kwargs"
+
+
+@method_defaults(lr=0.25)
+class _Outer(_Base):
+    """Builds another decorated module inside its constructor.
+
+    Args:
+        inner_t: the inner module's ``t``.
+    """
+
+    def __init__(self, inner_t: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inner = _Method(t=inner_t)
+
+
+def test_a_module_built_inside_another_keeps_its_own_hparams() -> None:
+    outer = _Outer(optimizer="sgd")
+    assert dict(outer.hparams) == {"inner_t": 5.0, "lr": 0.25, "optimizer": "sgd"}
+    assert dict(outer.inner.hparams) == {"t": 5.0, "k": 1, "lr": 0.5, "optimizer": "adam"}
 
 
 def test_decorator_refuses_what_it_cannot_honour() -> None:
