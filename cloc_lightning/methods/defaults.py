@@ -34,7 +34,7 @@ import functools
 import inspect
 import re
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any, TypeVar
@@ -49,7 +49,9 @@ _C = TypeVar("_C", bound=type)
 _FOREIGN = ("lightning", "pytorch_lightning", "torch", "builtins")
 #: a Google-style ``Args:`` entry: ``name: text`` (also ``name (type): text`` and ``**kwargs: text``)
 _ENTRY = re.compile(r"(\*{0,2}[A-Za-z_]\w*)(?:\s*\([^)]*\))?:(?:\s|$)")
-_SECTIONS = ("Args:", "Arguments:")
+_ARGS = ("Args:", "Arguments:")
+#: where a method describes, in its own terms, arguments that arrive in its ``**kwargs`` (API docs: "Other parameters")
+_KEYWORD_ARGS = ("Keyword Args:", "Keyword Arguments:")
 #: the module whose hyper-parameters a decorated constructor handed to Lightning (``None``: none, or LightningCLI's)
 _HPARAMS_OF: ContextVar[Any] = ContextVar("cloc_lightning_hparams_of", default=None)
 
@@ -94,10 +96,10 @@ def take_arguments(component: type, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- docstrings
-def _args_section(lines: list[str]) -> tuple[int, int, int] | None:
-    """``(index of the 'Args:' line, end of its entries (exclusive), the entries' indent)`` of ``lines``, or ``None``."""
+def _section(lines: list[str], titles: tuple[str, ...]) -> tuple[int, int, int] | None:
+    """``(index of the title line, end of its entries (exclusive), the entries' indent)`` of a section, or ``None``."""
     for start, line in enumerate(lines):
-        if line.strip() not in _SECTIONS:
+        if line.strip() not in titles:
             continue
         indent = len(line) - len(line.lstrip())
         end, entry_indent = start + 1, None
@@ -114,10 +116,8 @@ def _args_section(lines: list[str]) -> tuple[int, int, int] | None:
     return None
 
 
-def _args_entries(doc: str | None) -> dict[str, list[str]]:
-    """``{name: the entry's lines}`` of a docstring's ``Args`` section, dedented (``name: text`` first)."""
-    lines = inspect.cleandoc(doc or "").splitlines()
-    section = _args_section(lines)
+def _entries(lines: list[str], section: tuple[int, int, int] | None) -> dict[str, list[str]]:
+    """``{name: the entry's lines}`` of a parameters section, dedented (``name: text`` first)."""
     if section is None:
         return {}
     start, end, indent = section
@@ -128,41 +128,48 @@ def _args_entries(doc: str | None) -> dict[str, list[str]]:
         match = _ENTRY.match(line.strip()) if depth == indent else None
         if match:
             current = entries.setdefault(match.group(1), [])
-        if current is not None:
-            current.append(line[indent:] if line.strip() else "")
-    return {name: [*body[:1], *(b for b in body[1:] if b)] for name, body in entries.items()}
+        if current is not None and line.strip():
+            current.append(line[indent:])
+    return entries
 
 
-def _with_entries(doc: str | None, entries: Iterable[list[str]]) -> str:
-    """``doc`` with ``entries`` added to its ``Args`` section (before a ``**kwargs`` entry), or in a new one at the end."""
+def _args_entries(doc: str | None) -> dict[str, list[str]]:
+    """The entries of a docstring's ``Args`` and ``Keyword Args`` sections."""
     lines = inspect.cleandoc(doc or "").splitlines()
-    section = _args_section(lines)
+    return {**_entries(lines, _section(lines, _KEYWORD_ARGS)), **_entries(lines, _section(lines, _ARGS))}
+
+
+def _documented(cls: type, params: list[inspect.Parameter], sources: list[type]) -> str:
+    """``cls``'s docstring with one ``Args`` entry for every parameter in ``params``.
+
+    An argument that arrives in ``**kwargs`` is described by the class's ``Keyword Args``
+    section (moved into ``Args``) or else by the first of ``sources`` that describes it; the new
+    entries go before a ``**kwargs`` entry (a new ``Args`` section at the end without one).
+    """
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    keyword = _section(lines, _KEYWORD_ARGS)
+    described = _entries(lines, keyword)
+    if keyword is not None:
+        start, end, _ = keyword
+        blank_after = end < len(lines) and not lines[end].strip()
+        del lines[start : end + (1 if blank_after else 0)]
+    own = _entries(lines, _section(lines, _ARGS))
+    added: list[str] = []
+    for p in params:
+        if p.name in own:
+            continue
+        entry = described.get(p.name) or next(
+            (e for e in (_args_entries(s.__dict__.get("__doc__")).get(p.name) for s in sources) if e), None
+        )
+        added += entry or []
+    section = _section(lines, _ARGS)
     if section is None:
         lines += ["", "Args:"]
         at, indent = len(lines), 4
     else:
         start, at, indent = section
-        for i in range(start + 1, at):
-            if lines[i].strip().startswith("**") and len(lines[i]) - len(lines[i].lstrip()) == indent:
-                at = i
-                break
-    added = [" " * indent + line for entry in entries for line in entry]
-    return "\n".join([*lines[:at], *added, *lines[at:]])
-
-
-def _documented(cls: type, params: list[inspect.Parameter], sources: list[type]) -> str:
-    """``cls``'s docstring with the entry of every parameter it does not document, from the first of ``sources`` that does."""
-    own = _args_entries(cls.__doc__)
-    found: list[list[str]] = []
-    for p in params:
-        if p.name in own:
-            continue
-        for source in sources:
-            entry = _args_entries(source.__dict__.get("__doc__")).get(p.name)
-            if entry:
-                found.append(entry)
-                break
-    return _with_entries(cls.__doc__, found)
+        at = next((i for i in range(start + 1, at) if lines[i][indent:].startswith("**")), at)
+    return "\n".join([*lines[:at], *(" " * indent + line for line in added), *lines[at:]])
 
 
 # ---------------------------------------------------------------------- hyper-parameters

@@ -63,7 +63,6 @@ class LinearProbeModule(ClassifierModule):
     (its README: 5 for SupCon, 1 for SimCLR at batch 512), cosine schedule.
 
     Args:
-        num_classes: classes of the linear classifier (must match the data module).
         encoder_ckpt: the stage-one checkpoint (``.ckpt``) or an encoder ``state_dict`` file.
         backbone: timm name overriding the checkpoint's (``None`` = the checkpoint's).
         cifar_stem: override of the checkpoint's ``cifar_stem`` (``None`` = the checkpoint's).
@@ -73,9 +72,13 @@ class LinearProbeModule(ClassifierModule):
         encoder_info: set automatically (the architecture read from ``encoder_ckpt``,
             stored so that this module's own checkpoints reload without the stage-one
             file); leave unset.
-        pretrained: not used: the encoder's weights come from ``encoder_ckpt`` (leave it ``false``).
-        **kwargs: the other :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
-            (``task``, the optimiser and schedule, ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
+            (``num_classes``, ``task``, the optimiser and schedule, ``init_from``, ...).
+
+    Keyword Args:
+        num_classes (int): classes of the linear classifier (must match the data module).
+        pretrained (bool | str): not used: the encoder's weights come from ``encoder_ckpt``
+            (leave it ``false``).
 
     Example::
 

@@ -63,10 +63,12 @@ class LinearRegressorModule(LinearProbeModule):
     cosine to ``lr * 0.008`` (its ``lr_decay_rate ** 3`` = 0.2 ** 3).
 
     Args:
-        num_classes: classes (ranks) of the data module; the output is clamped to ``[0, K-1]``.
         **kwargs: the :class:`~cloc_lightning.methods.LinearProbeModule` arguments (``encoder_ckpt``,
             ``backbone`` / ``cifar_stem`` overrides, ``normalize_features``, ``task``, the optimiser
             and schedule, ...).
+
+    Keyword Args:
+        num_classes (int): classes (ranks) of the data module; the output is clamped to ``[0, K-1]``.
 
     Example::
 

@@ -115,10 +115,7 @@ class OrdinalCLIPModule(ClassifierModule):
             ``pretrained`` must then be ``None`` or a path.
         image_encoder: ``clip`` (CLIP's visual tower) or ``timm`` (``backbone`` + a Linear
             projection to the CLIP embedding width D).
-        backbone: timm model name for ``image_encoder: timm``.
         backbone_pretrained: timm weights for ``image_encoder: timm`` (``False``, ``True`` or a path).
-        cifar_stem: 3x3 stem without max-pool for the timm backbone (32 px images).
-        backbone_kwargs: extra ``timm.create_model`` arguments.
         head: ``prompts`` (OrdinalCLIP) or ``linear`` (learned prototypes, no language).
         num_base_ranks: B base rank embeddings interpolated to all R ranks (1 <= B <= R).
         num_tokens_per_rank: T tokens per rank.
@@ -143,13 +140,18 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
-        optimizer: ``radam`` (the reference's and this module's default; decoupled weight decay, see
-            :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
-        lr: base learning rate (the reference's and this module's default: 1e-4 for every group).
-        weight_decay: weight decay of every group except the logit scale.
-        **kwargs: the other :class:`~cloc_lightning.methods.base.ClassifierModule` /
-            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, ``scheduler``,
-            ``warmup_epochs``, ``min_lr_ratio``, ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` /
+            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, the optimiser and
+            schedule, ``init_from``, ...).
+
+    Keyword Args:
+        backbone (str): timm model name for ``image_encoder: timm``.
+        cifar_stem (bool): 3x3 stem without max-pool for the timm backbone (32 px images).
+        backbone_kwargs (dict[str, Any] | None): extra ``timm.create_model`` arguments of the timm backbone.
+        optimizer (str): ``radam`` (the reference's and this module's default; decoupled weight
+            decay, see :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
+        lr (float): base learning rate (the reference's and this module's default: 1e-4 for every group).
+        weight_decay (float): weight decay of every group except the logit scale.
     """
 
     head: PrototypeHead

@@ -124,11 +124,13 @@ class ReLICModule(PretrainModule):
         negatives: ``'mini_batch'`` or ``'full_batch'`` (see above; only with ``mini_batch_size``).
         gather_distributed: contrast against the global batch under DDP (passed to the
             loss); ``None`` = on (a no-op on one process).
-        online_probe_lr: the probe's learning rate (``None`` = ``lr``; ReLIC's default 0.01
-            suits Adam on L2-normalised features).
         **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
             online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
             :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
+
+    Keyword Args:
+        online_probe_lr (float | None): the probe's learning rate (``None`` = ``lr``; ReLIC's
+            default 0.01 suits Adam on L2-normalised features).
 
     Subclassing: override :meth:`build_projector` (``[B, feature_dim] -> [B, D]``),
     :meth:`build_loss`, :meth:`build_online_probe`, or ``build_backbone`` (base class).

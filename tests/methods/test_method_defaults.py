@@ -152,6 +152,9 @@ class _Method(_Base):
         t: its own argument.
         **kwargs: the rest.
 
+    Keyword Args:
+        optimizer (str): the optimiser (as this method uses it).
+
     Example::
 
         _Method(t=2.0)
@@ -171,9 +174,10 @@ def test_decorator_signature_hparams_and_docstring() -> None:
     doc = inspect.getdoc(_Method) or ""
     args = doc[doc.index("Args:"):doc.index("Example::")]
     for line in ("t: its own argument.", "k: neighbours (component).", "lr: the learning rate (base).",
-                 "optimizer: the optimiser (base)."):
-        assert line in args
-    assert args.index("optimizer:") < args.index("**kwargs:"), "inherited entries go before **kwargs"
+                 "optimizer (str): the optimiser (as this method uses it)."):
+        assert "\n    " + line in args
+    assert args.index("optimizer (str):") < args.index("**kwargs:"), "inherited entries go before **kwargs"
+    assert "Keyword Args" not in doc and "the optimiser (base)" not in doc
 
 
 @method_defaults(lr=0.25)
