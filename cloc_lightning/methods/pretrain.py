@@ -3,10 +3,13 @@
 :class:`PretrainModule` is :class:`~cloc_lightning.methods.base.BaseModule` (backbone,
 optimiser, schedule, checkpoints) plus one online-evaluation component,
 :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator` (a linear probe on detached
-features and a kNN monitor): its arguments and their checks, its setup from the data
-module, its optimiser group, the best-checkpoint monitor, and the validation, test and
-predict steps.  A method subclasses it with only what differs: its networks, its loss and
-its ``training_step``.  The SupCon/SimCLR and ReLIC modules are examples::
+features and a kNN monitor): its arguments (declared once, by the evaluator) and their
+checks, its setup from the data module, its optimiser group, the best-checkpoint monitor,
+and the validation, test and predict steps.  A method subclasses it with only what differs:
+its networks, its loss and its ``training_step``.  The ReLIC module is an example, and
+:class:`MultiViewModule` (the base of SupCon/SimCLR and Rank-N-Contrast) adds what methods
+on ``n_views`` views of every image share: the views check, their one-forward encoding and
+the multi-view loss::
 
     class MyMethod(PretrainModule):
         def __init__(self, temperature: float = 0.1, **kwargs: Any) -> None:
