@@ -3,11 +3,12 @@
 from cloc_lightning.methods.base import BaseModule, ClassifierModule
 from cloc_lightning.methods.ce import CEModule
 from cloc_lightning.methods.cloc import CLOCModule
+from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.linear_probe import LinearProbeModule
 from cloc_lightning.methods.linear_regressor import LinearRegressorModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.methods.ordinal_regression import OrdinalRegressionModule
-from cloc_lightning.methods.pretrain import PretrainModule
+from cloc_lightning.methods.pretrain import MultiViewModule, PretrainModule
 from cloc_lightning.methods.relic import ReLICModule
 from cloc_lightning.methods.rnc import RnCModule
 from cloc_lightning.methods.supcon import SupConModule
@@ -20,3 +21,4 @@ __all__ += ["ReLICModule"]
 __all__ += ["RnCModule", "LinearRegressorModule"]
 __all__ += ["OrdinalRegressionModule"]
 __all__ += ["BestFinalTracking"]
+__all__ += ["MultiViewModule", "method_defaults"]

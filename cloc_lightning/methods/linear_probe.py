@@ -24,13 +24,14 @@ from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_enc
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.methods.base import ClassifierModule
-from cloc_lightning.methods.optim import OptimizerName, SchedulerName
+from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.online_probe import masked_cross_entropy
 
 __all__ = ["LinearProbeModule"]
 
 
+@method_defaults(optimizer="sgd", lr=0.1)
 class LinearProbeModule(ClassifierModule):
     """A linear classifier with cross-entropy on the frozen encoder of a stage-one checkpoint.
 
@@ -58,8 +59,10 @@ class LinearProbeModule(ClassifierModule):
 
     Training labels ``< 0`` (unlabelled images) are skipped.
 
+    **Defaults** (SupContrast ``main_linear.py``'s): SGD, momentum 0.9, no weight decay, lr 0.1
+    (its README: 5 for SupCon, 1 for SimCLR at batch 512), cosine schedule.
+
     Args:
-        num_classes: classes of the linear classifier (must match the data module).
         encoder_ckpt: the stage-one checkpoint (``.ckpt``) or an encoder ``state_dict`` file.
         backbone: timm name overriding the checkpoint's (``None`` = the checkpoint's).
         cifar_stem: override of the checkpoint's ``cifar_stem`` (``None`` = the checkpoint's).
@@ -69,17 +72,13 @@ class LinearProbeModule(ClassifierModule):
         encoder_info: set automatically (the architecture read from ``encoder_ckpt``,
             stored so that this module's own checkpoints reload without the stage-one
             file); leave unset.
-        optimizer: as
-            :class:`~cloc_lightning.methods.base.BaseModule`, with SupContrast
-            ``main_linear.py``'s defaults: SGD, momentum 0.9, no weight decay, lr 0.1
-            (its README: 5 for SupCon, 1 for SimCLR at batch 512).
-        lr: see ``optimizer``.
-        weight_decay: see ``optimizer``.
-        momentum: see ``optimizer``.
-        scheduler: see ``optimizer``.
-        warmup_epochs: see ``optimizer``.
-        **kwargs: other :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
-            (``task``, ``lr_milestones``, ``lr_gamma``, ``min_lr_ratio``, ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
+            (``num_classes``, ``task``, the optimiser and schedule, ``init_from``, ...).
+
+    Keyword Args:
+        num_classes (int): classes of the linear classifier (must match the data module).
+        pretrained (bool | str): not used: the encoder's weights come from ``encoder_ckpt``
+            (leave it ``false``).
 
     Example::
 
@@ -104,19 +103,12 @@ class LinearProbeModule(ClassifierModule):
 
     def __init__(
         self,
-        num_classes: int,
         encoder_ckpt: str | None = None,
         backbone: str | None = None,
         cifar_stem: bool | None = None,
         backbone_kwargs: dict[str, Any] | None = None,
         normalize_features: bool = False,
         encoder_info: dict[str, Any] | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.1,
-        weight_decay: float = 0.0,
-        momentum: float = 0.9,
-        scheduler: SchedulerName = "cosine",
-        warmup_epochs: float = 0.0,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("pretrained") not in (None, False, "false", "False"):
@@ -132,17 +124,7 @@ class LinearProbeModule(ClassifierModule):
             )
         # backbone / cifar_stem / backbone_kwargs (overrides of the checkpoint's) are read with the
         # stage-one checkpoint in prepare_build(), before the backbone is built
-        super().__init__(
-            num_classes=num_classes,
-            pretrained=False,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            scheduler=scheduler,
-            warmup_epochs=warmup_epochs,
-            **kwargs,
-        )
+        super().__init__(pretrained=False, **kwargs)
         if self._stage_one is not None:
             load_encoder_weights(self.backbone, self._stage_one)
             self._stage_one = None  # the weights now live in the backbone

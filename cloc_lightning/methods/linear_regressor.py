@@ -20,8 +20,8 @@ from torch import nn
 
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
+from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.linear_probe import LinearProbeModule
-from cloc_lightning.methods.optim import OptimizerName, SchedulerName
 
 __all__ = ["LinearRegressorModule"]
 
@@ -31,6 +31,7 @@ _NOMINAL = (
 )
 
 
+@method_defaults(lr=0.05, min_lr_ratio=0.008)
 class LinearRegressorModule(LinearProbeModule):
     """A linear regressor with the L1 loss on the frozen encoder of a stage-one checkpoint (RnC's stage two).
 
@@ -58,19 +59,16 @@ class LinearRegressorModule(LinearProbeModule):
     gives ``pred`` (nearest rank), ``expected`` (the clamped output) and ``regression`` (the raw
     output).  The task must be ordinal; nominal classes need :class:`LinearProbeModule`.
 
+    **Defaults** (``main_linear.py``'s): SGD, momentum 0.9, no weight decay, lr 0.05 (batch 64),
+    cosine to ``lr * 0.008`` (its ``lr_decay_rate ** 3`` = 0.2 ** 3).
+
     Args:
-        num_classes: classes (ranks) of the data module; the output is clamped to ``[0, K-1]``.
-        encoder_ckpt: the stage-one checkpoint (``.ckpt``) or an encoder ``state_dict`` file.
-        optimizer: as :class:`~cloc_lightning.methods.base.BaseModule`, with ``main_linear.py``'s
-            defaults: SGD, momentum 0.9, no weight decay, lr 0.05 (batch 64), cosine to ``lr *
-            0.008`` (its ``lr_decay_rate ** 3`` = 0.2 ** 3).
-        lr: see ``optimizer``.
-        weight_decay: see ``optimizer``.
-        momentum: see ``optimizer``.
-        scheduler: see ``optimizer``.
-        min_lr_ratio: see ``optimizer``.
-        **kwargs: other :class:`~cloc_lightning.methods.LinearProbeModule` arguments (``backbone`` /
-            ``cifar_stem`` overrides, ``normalize_features``, ``task``, ``warmup_epochs``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.LinearProbeModule` arguments (``encoder_ckpt``,
+            ``backbone`` / ``cifar_stem`` overrides, ``normalize_features``, ``task``, the optimiser
+            and schedule, ...).
+
+    Keyword Args:
+        num_classes (int): classes (ranks) of the data module; the output is clamped to ``[0, K-1]``.
 
     Example::
 
@@ -86,46 +84,19 @@ class LinearRegressorModule(LinearProbeModule):
     summary_name = "linear regressor"
     #: checkpoint key of the validation history
     VAL_HISTORY_KEY = "linear_regressor_val_history"
+    #: the best checkpoint's metric: the validation L1 error of the clamped output (the paper's model selection), lower is better
+    monitor = "val/mae_expected"
+    monitor_mode: Literal["min", "max"] = "min"
 
-    def __init__(
-        self,
-        num_classes: int,
-        encoder_ckpt: str | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.05,
-        weight_decay: float = 0.0,
-        momentum: float = 0.9,
-        scheduler: SchedulerName = "cosine",
-        min_lr_ratio: float = 0.008,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         if kwargs.get("task") == "nominal":
             raise ValueError(_NOMINAL)
-        super().__init__(
-            num_classes=num_classes,
-            encoder_ckpt=encoder_ckpt,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            scheduler=scheduler,
-            min_lr_ratio=min_lr_ratio,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ hooks
     def build_head(self) -> nn.Module:
         """The regressor: ``Linear(feature_dim, 1)``."""
         return nn.Linear(self.feature_dim, 1)
-
-    @property
-    def monitor(self) -> str:
-        """``val/mae_expected``: the validation L1 error of the clamped output (the paper's model selection)."""
-        return "val/mae_expected"
-
-    @property
-    def monitor_mode(self) -> Literal["min", "max"]:
-        return "min"
 
     def tracked_metrics(self) -> dict[str, str]:
         """The final and best ``val/mae_expected``, ``val/mae`` and ``val/acc``."""

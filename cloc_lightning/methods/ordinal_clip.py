@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
 from cloc_lightning.methods.base import ClassifierModule
-from cloc_lightning.methods.optim import OptimizerName, SchedulerName
+from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
 from cloc_lightning.nn.prompt_learner import InterpolationKind, RankPosition, RankPromptLearner, rank_interpolation_weights
@@ -77,6 +77,7 @@ class _LoadedCLIP:
     logit_scale: float
 
 
+@method_defaults(optimizer="radam", lr=1e-4)
 class OrdinalCLIPModule(ClassifierModule):
     """OrdinalCLIP (Li et al., NeurIPS 2022): learned rank prompts on a frozen CLIP text encoder.
 
@@ -114,10 +115,7 @@ class OrdinalCLIPModule(ClassifierModule):
             ``pretrained`` must then be ``None`` or a path.
         image_encoder: ``clip`` (CLIP's visual tower) or ``timm`` (``backbone`` + a Linear
             projection to the CLIP embedding width D).
-        backbone: timm model name for ``image_encoder: timm``.
         backbone_pretrained: timm weights for ``image_encoder: timm`` (``False``, ``True`` or a path).
-        cifar_stem: 3x3 stem without max-pool for the timm backbone (32 px images).
-        backbone_kwargs: extra ``timm.create_model`` arguments.
         head: ``prompts`` (OrdinalCLIP) or ``linear`` (learned prototypes, no language).
         num_base_ranks: B base rank embeddings interpolated to all R ranks (1 <= B <= R).
         num_tokens_per_rank: T tokens per rank.
@@ -142,14 +140,18 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
-        optimizer: ``radam`` (reference; decoupled weight decay, see :meth:`build_optimizer`) |
-            ``adam`` | ``adamw`` | ``sgd``.
-        lr: base learning rate (reference: 1e-4 for every group).
-        weight_decay: weight decay of every group except the logit scale.
-        scheduler: ``cosine`` (per step, after ``warmup_epochs``) | ``step`` | ``none``.
-        **kwargs: other :class:`~cloc_lightning.methods.base.ClassifierModule` /
-            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``,
-            ``warmup_epochs``, ``min_lr_ratio``, ``lr_milestones``, ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` /
+            :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, the optimiser and
+            schedule, ``init_from``, ...).
+
+    Keyword Args:
+        backbone (str): timm model name for ``image_encoder: timm``.
+        cifar_stem (bool): 3x3 stem without max-pool for the timm backbone (32 px images).
+        backbone_kwargs (dict[str, Any] | None): extra ``timm.create_model`` arguments of the timm backbone.
+        optimizer (str): ``radam`` (the reference's and this module's default; decoupled weight
+            decay, see :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
+        lr (float): base learning rate (the reference's and this module's default: 1e-4 for every group).
+        weight_decay (float): weight decay of every group except the logit scale.
     """
 
     head: PrototypeHead
@@ -163,10 +165,7 @@ class OrdinalCLIPModule(ClassifierModule):
         pretrained: str | None = None,
         clip_config: dict[str, Any] | None = None,
         image_encoder: ImageEncoderKind = "clip",
-        backbone: str = "resnet18",
         backbone_pretrained: bool | str = False,
-        cifar_stem: bool = False,
-        backbone_kwargs: dict[str, Any] | None = None,
         head: HeadKind = "prompts",
         num_base_ranks: int = 3,
         num_tokens_per_rank: int = 1,
@@ -187,10 +186,6 @@ class OrdinalCLIPModule(ClassifierModule):
         rank_lr: float | None = None,
         image_encoder_lr: float | None = None,
         logit_scale_lr: float | None = None,
-        optimizer: OptimizerName = "radam",
-        lr: float = 1e-4,
-        weight_decay: float = 0.0,
-        scheduler: SchedulerName = "cosine",
         **kwargs: Any,
     ) -> None:
         # cheap checks first: a config error must not wait for a CLIP model to be built
@@ -220,17 +215,7 @@ class OrdinalCLIPModule(ClassifierModule):
             ce_weight=ce_weight, kl_weight=kl_weight, target_sharpness=target_sharpness, check_finite=check_finite
         )
         OrdinalCLIPLoss(**loss_kwargs)  # validates the weights before anything is built
-        super().__init__(
-            num_classes=num_classes,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            scheduler=scheduler,
-            backbone=backbone,
-            cifar_stem=cifar_stem,
-            backbone_kwargs=backbone_kwargs,
-            **kwargs,
-        )
+        super().__init__(num_classes=num_classes, **kwargs)
         self._loaded_clip = None  # build_head has taken what it needs; a subclass's head may not have
         #: projection of timm features to D (identity for CLIP's visual tower, which ends at D)
         self.image_proj: nn.Module = (

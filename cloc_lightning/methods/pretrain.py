@@ -3,10 +3,13 @@
 :class:`PretrainModule` is :class:`~cloc_lightning.methods.base.BaseModule` (backbone,
 optimiser, schedule, checkpoints) plus one online-evaluation component,
 :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator` (a linear probe on detached
-features and a kNN monitor): its arguments and their checks, its setup from the data
-module, its optimiser group, the best-checkpoint monitor, and the validation, test and
-predict steps.  A method subclasses it with only what differs: its networks, its loss and
-its ``training_step``.  The SupCon/SimCLR and ReLIC modules are examples::
+features and a kNN monitor): its arguments (declared once, by the evaluator) and their
+checks, its setup from the data module, its optimiser group, the best-checkpoint monitor,
+and the validation, test and predict steps.  A method subclasses it with only what differs:
+its networks, its loss and its ``training_step``.  The ReLIC module is an example, and
+:class:`MultiViewModule` (the base of SupCon/SimCLR and Rank-N-Contrast) adds what methods
+on ``n_views`` views of every image share: the views check, their one-forward encoding and
+the multi-view loss::
 
     class MyMethod(PretrainModule):
         def __init__(self, temperature: float = 0.1, **kwargs: Any) -> None:
@@ -23,16 +26,20 @@ its ``training_step``.  The SupCon/SimCLR and ReLIC modules are examples::
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
+from torch import nn
 
 from cloc_lightning.methods.base import BaseModule
-from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, ProbeTask, Task
+from cloc_lightning.methods.defaults import method_defaults, take_arguments
+from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, ProbeTask
 
-__all__ = ["PretrainModule"]
+__all__ = ["MultiViewModule", "PretrainModule"]
 
 
+@method_defaults(OnlineEvaluator)
 class PretrainModule(BaseModule):
     """Backbone + online evaluation (linear probe and kNN monitor) for pre-training methods.
 
@@ -53,35 +60,19 @@ class PretrainModule(BaseModule):
     :meth:`add_online_eval_loss` (or ``self.online_eval.training_step``) and may override
     :meth:`eval_views` (multi-view evaluation batches) and :meth:`build_online_probe`.
 
+    Its arguments are :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator`'s (``num_classes``,
+    ``task``, ``online_probe``, ``online_probe_lr``, ``knn_k``, ``knn_bank_size``,
+    ``knn_temperature``, ``online_probe_norm``; declared and documented there, taken here through
+    :func:`~cloc_lightning.methods.defaults.method_defaults`) and
+    :class:`~cloc_lightning.methods.base.BaseModule`'s.
+
     Args:
-        num_classes: classes of the online probe; ``None`` = the data module's.
-        task: probe metrics: ``nominal``, ``ordinal`` or ``auto`` (the data module's).
-        online_probe: train and report the online linear probe.
-        online_probe_lr: the probe's learning rate (``None`` = ``lr``).
-        knn_k: neighbours of the kNN monitor (0 disables it).
-        knn_bank_size: training features kept for the kNN monitor.
-        knn_temperature: temperature of the kNN vote.
-        online_probe_norm: normalise the features (``BatchNorm1d`` without affine) before the
-            probe's linear layer, so its step size does not depend on the feature scale
-            (:class:`~cloc_lightning.nn.online_probe.OnlineLinearProbe`); ``false`` = the
-            linear layer on raw features (also needed to load checkpoints saved without it).
-        **kwargs: :class:`~cloc_lightning.methods.base.BaseModule` arguments.
+        **kwargs: the :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator` and
+            :class:`~cloc_lightning.methods.base.BaseModule` arguments.
     """
 
-    def __init__(
-        self,
-        num_classes: int | None = None,
-        task: Task = "auto",
-        online_probe: bool = True,
-        online_probe_lr: float | None = None,
-        knn_k: int = 0,
-        knn_bank_size: int = 4096,
-        knn_temperature: float = 0.07,
-        online_probe_norm: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        online_eval = OnlineEvaluator(online_probe, num_classes, task, online_probe_lr, knn_k, knn_bank_size, knn_temperature,
-                                      online_probe_norm)
+    def __init__(self, **kwargs: Any) -> None:
+        online_eval = OnlineEvaluator(**take_arguments(OnlineEvaluator, kwargs))
         super().__init__(**kwargs)
         #: the online-evaluation component (probe + kNN bank)
         self.online_eval = online_eval
@@ -187,3 +178,73 @@ class PretrainModule(BaseModule):
         if y is not None:
             out["target"] = y
         return out
+
+
+class MultiViewModule(PretrainModule):
+    """A pre-training method on ``n_views`` views of every image that go through the backbone together.
+
+    The base of SupCon/SimCLR and Rank-N-Contrast: the subclass sets :attr:`n_views`,
+    ``projector`` and ``criterion`` in its ``__init__``; this class checks at ``setup`` that the
+    data module delivers that many views, and :meth:`views_loss` encodes a multi-view batch in
+    one forward (BatchNorm over all views, as the references), projects it to the ``[bsz,
+    n_views, dim]`` the contrastive losses take and applies ``criterion`` with the targets of
+    :meth:`view_targets`.  Multi-view evaluation batches log that loss (:meth:`eval_views`).
+    """
+
+    #: views per image the data module must deliver (set by the subclass's ``__init__``)
+    n_views: int
+    #: the fewest views the method trains on (below it, only the data module is told to change)
+    min_views: ClassVar[int] = 1
+    #: the projection between the backbone and the loss, and the loss (built by the subclass)
+    projector: nn.Module
+    criterion: nn.Module
+
+    def setup(self, stage: str) -> None:
+        """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
+            if getattr(dm, "train_views", None) is None:
+                raise ValueError(
+                    f"{type(self).__name__} needs multi-view batches; set data.train_views, e.g. "
+                    f"{{class_path: cloc_lightning.data.SupConViews, init_args: {{n_views: {self.n_views}}}}}"
+                )
+            if dm.n_views != self.n_views:
+                raise ValueError(self._views_message(dm.n_views))
+        super().setup(stage)
+
+    def _views_message(self, got: int) -> str:
+        fix = f"set data.train_views.init_args.n_views: {self.n_views}"
+        if got >= self.min_views:
+            fix += f" (or model.n_views: {got})"
+        return f"{type(self).__name__}(n_views={self.n_views}) got {got} view(s) per image from the data module; {fix}"
+
+    def encode_views(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Backbone features of all views, view-major: ``[n_views * B, feature_dim]``.
+
+        Views of equal size go through the backbone in one batch (BatchNorm sees all of them,
+        as the references); views of other sizes (multi-crop) separately.
+        """
+        if len({tuple(v.shape) for v in views}) == 1:
+            features: torch.Tensor = self.backbone(torch.cat(list(views)))
+            return features
+        return torch.cat([self.backbone(v) for v in views])
+
+    def view_targets(self, y: torch.Tensor) -> torch.Tensor | None:
+        """What ``criterion`` takes beside the projections, from the labels ``y`` ``[B]`` (default: ``y``)."""
+        return y
+
+    def views_loss(self, views: Sequence[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, backbone features [n_views * B, feature_dim])`` of a multi-view batch with labels ``y`` ``[B]``."""
+        if len(views) != self.n_views:
+            raise ValueError(self._views_message(len(views)))
+        feats = self.encode_views(views)
+        z = self.projector(feats).view(self.n_views, y.shape[0], -1).transpose(0, 1)  # [B, V, dim]
+        loss: torch.Tensor = self.criterion(z, self.view_targets(y))
+        return loss, feats
+
+    def eval_views(self, views: list[torch.Tensor], y: torch.Tensor, stage: Literal["val", "test"]) -> torch.Tensor:
+        """Multi-view evaluation data: log the method's loss as ``<stage>/loss``; evaluate the first view's backbone features."""
+        bsz = int(y.shape[0])
+        loss, feats = self.views_loss(views, y)
+        self.log_eval_mean(f"{stage}/loss", loss, bsz)
+        return feats[:bsz]

@@ -38,7 +38,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from cloc_lightning.callbacks.checks import is_logging_step
 from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
-from cloc_lightning.methods.optim import OptimizerName, SchedulerName
+from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.nn.ema import BetaSchedule, EMATarget
 from cloc_lightning.nn.heads import MLPHead
@@ -62,6 +62,7 @@ def cosine_gamma(step: int, total_steps: int, gamma0: float) -> float:
 
 
 # ---------------------------------------------------------------------- module
+@method_defaults(online_probe_lr=0.01, knn_k=20, lr=3e-4, weight_decay=1e-5, scheduler="none")
 class ReLICModule(PretrainModule):
     """ReLIC pre-training with the sigmoid contrastive loss (online + EMA target, multi-crop).
 
@@ -82,6 +83,10 @@ class ReLICModule(PretrainModule):
     (:meth:`extract_features`; the online probe, kNN monitor and frozen-encoder probes via
     :attr:`encoder_prefix`) are the target encoder's, L2-normalised.  The details:
     ``docs/methods/relic.md``.
+
+    **Defaults** (the seed's): ResNet-18, Adam, lr 3e-4, weight decay 1e-5 (also on ``tau`` and
+    ``b``, as the seed), constant learning rate (``scheduler: none``); the online probe at lr
+    0.01 and a kNN monitor of 20 neighbours.
 
     Args:
         num_global_views: global views per image (the target's inputs; >= 1).
@@ -119,22 +124,13 @@ class ReLICModule(PretrainModule):
         negatives: ``'mini_batch'`` or ``'full_batch'`` (see above; only with ``mini_batch_size``).
         gather_distributed: contrast against the global batch under DDP (passed to the
             loss); ``None`` = on (a no-op on one process).
-        online_probe_lr: the probe's learning rate (``None`` = ``lr``; the default 0.01
-            suits Adam on L2-normalised features).
-        knn_k: neighbours of the kNN monitor (0 disables it).
-        backbone: as
-            :class:`~cloc_lightning.methods.base.BaseModule`, with the seed's defaults:
-            ResNet-18, Adam, lr 3e-4, weight decay 1e-5 (also on ``tau`` and ``b``, as the
-            seed), constant learning rate.
-        cifar_stem: see ``backbone``.
-        optimizer: see ``backbone``.
-        lr: see ``backbone``.
-        weight_decay: see ``backbone``.
-        scheduler: see ``backbone``.
-        **kwargs: :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
-            online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_bank_size``,
-            ``knn_temperature``) and other :class:`~cloc_lightning.methods.base.BaseModule`
-            ones (``pretrained``, ``backbone_kwargs``, ``warmup_epochs``, ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
+            online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
+            :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
+
+    Keyword Args:
+        online_probe_lr (float | None): the probe's learning rate (``None`` = ``lr``; ReLIC's
+            default 0.01 suits Adam on L2-normalised features).
 
     Subclassing: override :meth:`build_projector` (``[B, feature_dim] -> [B, D]``),
     :meth:`build_loss`, :meth:`build_online_probe`, or ``build_backbone`` (base class).
@@ -170,14 +166,6 @@ class ReLICModule(PretrainModule):
         mini_batch_size: int | None = None,
         negatives: Negatives = "mini_batch",
         gather_distributed: bool | None = None,
-        online_probe_lr: float | None = 0.01,
-        knn_k: int = 20,
-        backbone: str = "resnet18",
-        cifar_stem: bool = False,
-        optimizer: OptimizerName = "adam",
-        lr: float = 3e-4,
-        weight_decay: float = 1e-5,
-        scheduler: SchedulerName = "none",
         **kwargs: Any,
     ) -> None:
         check_int("num_global_views", num_global_views, 1)
@@ -197,17 +185,7 @@ class ReLICModule(PretrainModule):
         if mini_batch_size is not None and (isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1):
             raise ValueError(f"mini_batch_size must be a positive integer or null (no splitting), got {mini_batch_size!r}")
         check_choice("negatives", negatives, Negatives)
-        super().__init__(
-            online_probe_lr=online_probe_lr,
-            knn_k=knn_k,
-            backbone=backbone,
-            cifar_stem=cifar_stem,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            scheduler=scheduler,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
         self.num_global_views = num_global_views
         self.num_local_views = num_local_views
         self.mini_batch_size = mini_batch_size

@@ -39,22 +39,23 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from cloc_lightning.checks import require
 from cloc_lightning.losses.rnc import FeatureSimilarity, LabelDistance, RnCLoss
-from cloc_lightning.methods.optim import OptimizerName, SchedulerName
-from cloc_lightning.methods.pretrain import PretrainModule
+from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.pretrain import MultiViewModule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 __all__ = ["RnCModule"]
 
 
-class RnCModule(PretrainModule):
+@method_defaults(optimizer="sgd", lr=0.5, weight_decay=1e-4, min_lr_ratio=1e-3)
+class RnCModule(MultiViewModule):
     """Rank-N-Contrast pre-training (Zha et al., NeurIPS 2023): :class:`~cloc_lightning.losses.RnCLoss` on multi-view batches.
 
     Each training batch holds ``n_views`` augmented views of every image (``data.train_views``,
@@ -73,6 +74,9 @@ class RnCModule(PretrainModule):
 
     Hooks: :meth:`build_projector`, :meth:`build_loss`, :meth:`rank_targets`.
 
+    **Defaults** (``main_rnc.py``'s): SGD (momentum 0.9, weight decay 1e-4), lr 0.5 (at batch
+    256), cosine to ``lr * 1e-3`` (its ``lr_decay_rate ** 3``), no warm-up.
+
     Args:
         temperature: tau > 0 of the loss (2 in the paper).
         label_distance: ``l1`` (the paper's) or ``l2`` distance of the targets.
@@ -83,20 +87,9 @@ class RnCModule(PretrainModule):
         projector_hidden_dim: hidden width of that projector (``None`` = feature dim).
         gather_distributed: under DDP, contrast against the global batch (features all-gathered
             with gradients); a no-op on one process.
-        backbone: as :class:`~cloc_lightning.methods.base.BaseModule`, with ``main_rnc.py``'s
-            defaults: SGD (momentum 0.9, weight decay 1e-4), lr 0.5 (at batch 256), cosine to
-            ``lr * 1e-3`` (its ``lr_decay_rate ** 3``), no warm-up.
-        optimizer: see ``backbone``.
-        lr: see ``backbone``.
-        weight_decay: see ``backbone``.
-        momentum: see ``backbone``.
-        scheduler: see ``backbone``.
-        warmup_epochs: see ``backbone``.
-        min_lr_ratio: see ``backbone``.
-        **kwargs: :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the online
-            probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and other
-            :class:`~cloc_lightning.methods.base.BaseModule` ones (``cifar_stem``, ``pretrained``,
-            ``backbone_kwargs``, ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the online
+            probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
+            :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
 
     Example::
 
@@ -108,6 +101,9 @@ class RnCModule(PretrainModule):
         model = MyRnC(backbone="resnet18", num_classes=8, task="ordinal")
     """
 
+    #: Rank-N-Contrast trains on two views or more (fewer: only the data module is told to change)
+    min_views = 2
+
     def __init__(
         self,
         temperature: float = 2.0,
@@ -117,14 +113,6 @@ class RnCModule(PretrainModule):
         projector_dim: int | None = None,
         projector_hidden_dim: int | None = None,
         gather_distributed: bool = True,
-        backbone: str = "resnet18",
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.5,
-        weight_decay: float = 1e-4,
-        momentum: float = 0.9,
-        scheduler: SchedulerName = "cosine",
-        warmup_epochs: float = 0.0,
-        min_lr_ratio: float = 1e-3,
         **kwargs: Any,
     ) -> None:
         check_float("temperature", temperature, minimum=0.0, strict_minimum=True, hint="the paper's is 2 (--model.temperature 2.0)")
@@ -141,17 +129,7 @@ class RnCModule(PretrainModule):
             check_int("projector_dim", projector_dim, 1, hint="or null: no projector (the paper)")
         if projector_hidden_dim is not None:
             check_int("projector_hidden_dim", projector_hidden_dim, 1)
-        super().__init__(
-            backbone=backbone,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            scheduler=scheduler,
-            warmup_epochs=warmup_epochs,
-            min_lr_ratio=min_lr_ratio,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
         self.n_views = n_views
         self.temperature = float(temperature)
         self.projector = self.build_projector()
@@ -191,42 +169,9 @@ class RnCModule(PretrainModule):
         )
         return y.to(torch.float32)
 
-    # ---------------------------------------------------------------- lifecycle
-    def setup(self, stage: str) -> None:
-        """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
-            if getattr(dm, "train_views", None) is None:
-                raise ValueError(
-                    f"{type(self).__name__} needs multi-view batches; set data.train_views, e.g. "
-                    f"{{class_path: cloc_lightning.data.SupConViews, init_args: {{n_views: {self.n_views}}}}}"
-                )
-            if dm.n_views != self.n_views:
-                raise ValueError(self._views_message(dm.n_views))
-        super().setup(stage)
-
-    # ------------------------------------------------------------------ views
-    def _views_message(self, got: int) -> str:
-        fix = f"set data.train_views.init_args.n_views: {self.n_views}"
-        if got >= 2:
-            fix += f" (or model.n_views: {got})"
-        return f"{type(self).__name__}(n_views={self.n_views}) got {got} view(s) per image from the data module; {fix}"
-
-    def encode_views(self, views: list[torch.Tensor]) -> torch.Tensor:
-        """Backbone features of all views, view-major: ``[n_views * B, feature_dim]`` (one forward for equal sizes)."""
-        if len({tuple(v.shape) for v in views}) == 1:
-            features: torch.Tensor = self.backbone(torch.cat(views))
-            return features
-        return torch.cat([self.backbone(v) for v in views])
-
-    def rnc_loss(self, views: list[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, backbone features [n_views * B, feature_dim])`` of a multi-view batch with labels ``y``."""
-        if len(views) != self.n_views:
-            raise ValueError(self._views_message(len(views)))
-        bsz = y.shape[0]
-        feats = self.encode_views(views)
-        z = self.projector(feats).view(self.n_views, bsz, -1).transpose(0, 1)  # [B, V, dim]
-        return self.criterion(z, self.rank_targets(y)), feats
+    def view_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """The loss's targets: :meth:`rank_targets`."""
+        return self.rank_targets(y)
 
     # -------------------------------------------------------------------- steps
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -246,16 +191,9 @@ class RnCModule(PretrainModule):
                 f"{type(self).__name__}: the data's targets are floats, but the online probe and kNN monitor classify "
                 "(integer classes); set model.online_probe: false and model.knn_k: 0"
             )
-        loss, feats = self.rnc_loss(list(views), y)
+        loss, feats = self.views_loss(list(views), y)
         bsz = int(y.shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         if y.is_floating_point():
             return loss
         return self.add_online_eval_loss(loss, feats, y.repeat(self.n_views), batch_size=bsz)
-
-    def eval_views(self, views: list[torch.Tensor], y: torch.Tensor, stage: Literal["val", "test"]) -> torch.Tensor:
-        """Multi-view evaluation data: log the RnC loss; evaluate the first view's backbone features."""
-        bsz = int(y.shape[0])
-        loss, feats = self.rnc_loss(views, y)
-        self.log_eval_mean(f"{stage}/loss", loss, bsz)
-        return feats[:bsz]

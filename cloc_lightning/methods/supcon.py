@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
-from cloc_lightning.methods.optim import OptimizerName, SchedulerName
-from cloc_lightning.methods.pretrain import PretrainModule
+from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.pretrain import MultiViewModule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_int, choices
 
@@ -32,7 +32,8 @@ Method = Literal["supcon", "simclr"]
 DEFAULT_TEMPERATURE = {"supcon": 0.1, "simclr": 0.5}
 
 
-class SupConModule(PretrainModule):
+@method_defaults(optimizer="sgd", lr=0.05, weight_decay=1e-4, warmup_epochs=1.0, min_lr_ratio=1e-3)
+class SupConModule(MultiViewModule):
     """Contrastive pre-training with :class:`~cloc_lightning.losses.SupConLoss` (SupCon, or SimCLR without labels).
 
     Each training batch holds ``n_views`` augmented views of every image (set
@@ -51,6 +52,10 @@ class SupConModule(PretrainModule):
     multi-view (a custom data module), the contrastive loss on them is logged as
     ``val/loss`` too.
 
+    **Defaults** (SupContrast's): SGD (momentum 0.9, weight decay 1e-4), lr 0.05 (its default
+    for batch 256), cosine to ``lr * 1e-3`` after a one-epoch linear warm-up; SupContrast's
+    exact schedule and initialisation: ``docs/methods/supcon.md``.
+
     Args:
         method: ``supcon`` (labels) or ``simclr`` (no labels).
         temperature: loss temperature; ``None`` = 0.1 for supcon, 0.5 for simclr
@@ -64,23 +69,9 @@ class SupConModule(PretrainModule):
         projector_dim: output dimension of the projector (128 in the paper).
         gather_distributed: under DDP, contrast against the global batch (features
             all-gathered with gradients); a no-op on one process.
-        backbone: as :class:`~cloc_lightning.methods.base.BaseModule`,
-            with SupContrast's defaults: SGD (momentum 0.9, weight decay 1e-4), lr 0.05
-            (its default for batch 256), cosine to ``lr * 1e-3`` after a linear warm-up
-            (SupContrast's exact schedule and initialisation: ``docs/methods/supcon.md``).
-        cifar_stem: see ``backbone``.
-        optimizer: see ``backbone``.
-        lr: see ``backbone``.
-        weight_decay: see ``backbone``.
-        momentum: see ``backbone``.
-        scheduler: see ``backbone``.
-        warmup_epochs: see ``backbone``.
-        min_lr_ratio: see ``backbone``.
-        **kwargs: :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
-            online probe: ``num_classes``, ``task``, ``online_probe``, ``online_probe_lr``,
-            ``knn_k``, ...) and other :class:`~cloc_lightning.methods.base.BaseModule` ones
-            (``pretrained``, ``nesterov``, ``lr_interval``, ``warmup_from``, ``backbone_init``,
-            ``init_from``, ...).
+        **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
+            online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
+            :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
     """
 
     def __init__(
@@ -93,15 +84,6 @@ class SupConModule(PretrainModule):
         projector_hidden_dim: int | None = None,
         projector_dim: int = 128,
         gather_distributed: bool = True,
-        backbone: str = "resnet18",
-        cifar_stem: bool = False,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.05,
-        weight_decay: float = 1e-4,
-        momentum: float = 0.9,
-        scheduler: SchedulerName = "cosine",
-        warmup_epochs: float = 1.0,
-        min_lr_ratio: float = 1e-3,
         **kwargs: Any,
     ) -> None:
         if method not in choices(Method):
@@ -112,18 +94,7 @@ class SupConModule(PretrainModule):
         check_int("projector_dim", projector_dim, 1)
         if projector_hidden_dim is not None:
             check_int("projector_hidden_dim", projector_hidden_dim, 1)
-        super().__init__(
-            backbone=backbone,
-            cifar_stem=cifar_stem,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            scheduler=scheduler,
-            warmup_epochs=warmup_epochs,
-            min_lr_ratio=min_lr_ratio,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
         self.method = method
         self.n_views = n_views
         self.temperature = float(temperature) if temperature is not None else DEFAULT_TEMPERATURE[method]
@@ -146,38 +117,6 @@ class SupConModule(PretrainModule):
             gather_distributed=bool(h.gather_distributed),
         )
 
-    # ---------------------------------------------------------------- lifecycle
-    def setup(self, stage: str) -> None:
-        """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
-            if getattr(dm, "train_views", None) is None:
-                raise ValueError(
-                    f"{type(self).__name__} needs multi-view batches; set data.train_views, e.g. "
-                    f"{{class_path: cloc_lightning.data.SupConViews, init_args: {{n_views: {self.n_views}}}}}"
-                )
-            if dm.n_views != self.n_views:
-                raise ValueError(self._views_message(dm.n_views))
-        super().setup(stage)
-
-    # ------------------------------------------------------------------ views
-    def _views_message(self, got: int) -> str:
-        return (
-            f"{type(self).__name__}(n_views={self.n_views}) got {got} view(s) per image from the data module; "
-            f"set data.train_views.init_args.n_views: {self.n_views} (or model.n_views: {got})"
-        )
-
-    def encode_views(self, views: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Backbone features of all views, view-major: ``[n_views * B, feature_dim]``.
-
-        Views of equal size go through the backbone in one batch (BatchNorm sees all
-        of them, as the reference); views of other sizes (multi-crop) separately.
-        """
-        if len({tuple(v.shape) for v in views}) == 1:
-            features: torch.Tensor = self.backbone(torch.cat(list(views)))
-            return features
-        return torch.cat([self.backbone(v) for v in views])
-
     def contrastive_labels(self, y: torch.Tensor) -> torch.Tensor | None:
         """Labels passed to the loss: ``None`` for SimCLR; unlabelled (``< 0``) rows get unique ids.
 
@@ -192,14 +131,9 @@ class SupConModule(PretrainModule):
         fresh = offset + torch.cumsum(unlabelled.to(torch.int64), 0) - 1
         return torch.where(unlabelled, fresh, y)
 
-    def contrastive_loss(self, views: list[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loss, features [n_views * B, D])`` of a multi-view batch."""
-        if len(views) != self.n_views:
-            raise ValueError(self._views_message(len(views)))
-        bsz = y.shape[0]
-        feats = self.encode_views(views)
-        z = self.projector(feats).view(self.n_views, bsz, -1).transpose(0, 1)  # [B, V, dim]
-        return self.criterion(z, self.contrastive_labels(y)), feats
+    def view_targets(self, y: torch.Tensor) -> torch.Tensor | None:
+        """The loss's labels: :meth:`contrastive_labels`."""
+        return self.contrastive_labels(y)
 
     # -------------------------------------------------------------------- steps
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -209,14 +143,7 @@ class SupConModule(PretrainModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         views, y = self.split_batch(batch, expect_views=True, owner=type(self).__name__)
-        loss, feats = self.contrastive_loss(list(views), y)
+        loss, feats = self.views_loss(list(views), y)
         bsz = int(y.shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         return self.add_online_eval_loss(loss, feats, y.repeat(self.n_views), batch_size=bsz)
-
-    def eval_views(self, views: list[torch.Tensor], y: torch.Tensor, stage: Literal["val", "test"]) -> torch.Tensor:
-        """Multi-view evaluation data: log the contrastive loss; evaluate the first view's backbone features."""
-        bsz = int(y.shape[0])
-        loss, feats = self.contrastive_loss(views, y)
-        self.log_eval_mean(f"{stage}/loss", loss, bsz)
-        return feats[:bsz]

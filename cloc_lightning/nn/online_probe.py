@@ -301,23 +301,28 @@ class OnlineEvaluator:
     submodule (``PretrainModule.probe``), so the probe's parameters, ``state_dict`` keys
     and optimiser group are the method's.
 
+    Its arguments are the pre-training methods' options (``model.online_probe``, ``model.knn_k``,
+    ...): :class:`~cloc_lightning.methods.pretrain.PretrainModule` takes them as its own.
+
     Args:
-        online_probe: train and report the probe.
-        num_classes: classes of the probe; ``None`` = the data module's.
-        task: probe metrics, ``nominal``, ``ordinal`` or ``auto`` (the data module's).
+        num_classes: classes of the online probe; ``None`` = the data module's.
+        task: probe metrics: ``nominal``, ``ordinal`` or ``auto`` (the data module's).
+        online_probe: train and report the online linear probe.
         online_probe_lr: the probe's learning rate (``None`` = the method's ``lr``).
         knn_k: neighbours of the kNN monitor (0 disables it).
         knn_bank_size: training features kept for the kNN monitor.
         knn_temperature: temperature of the kNN vote.
-        online_probe_norm: normalise the probe's input features (``OnlineLinearProbe(norm=...)``);
-            read by the owner's probe factory.
+        online_probe_norm: normalise the features (``BatchNorm1d`` without affine) before the
+            probe's linear layer, so its step size does not depend on the feature scale
+            (:class:`OnlineLinearProbe`, built by the owner's probe factory); ``false`` = the
+            linear layer on raw features (also needed to load checkpoints saved without it).
     """
 
     def __init__(
         self,
-        online_probe: bool = True,
         num_classes: int | None = None,
         task: Task = "auto",
+        online_probe: bool = True,
         online_probe_lr: float | None = None,
         knn_k: int = 0,
         knn_bank_size: int = 4096,
