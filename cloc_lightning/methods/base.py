@@ -60,6 +60,7 @@ from cloc_lightning.checkpoints import (
     read_checkpoint,
 )
 from cloc_lightning.checks import deferring, require
+from cloc_lightning.data_contract import DataInfo, datamodule_info
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 from cloc_lightning.precision import check_precision
@@ -440,6 +441,11 @@ class BaseModule(L.LightningModule):
         """Return ``(encoder, feature_dim)``; ``encoder(x)`` maps ``[B, 3, H, W]`` to ``[B, feature_dim]``."""
         h = self.hparams
         return create_backbone(h.backbone, h.pretrained, h.cifar_stem, init=h.backbone_init, **(h.backbone_kwargs or {}))
+
+    @property
+    def datamodule_info(self) -> DataInfo | None:
+        """The attached data module's fields (:mod:`cloc_lightning.data_contract`); ``None`` without one (plain dataloaders)."""
+        return datamodule_info(self._trainer, owner=type(self).__name__)
 
     @property
     def monitor(self) -> str:
@@ -957,16 +963,15 @@ class ClassifierModule(BaseModule):
         return build_metrics(task, self.num_classes, prefix)
 
     def resolved_task(self) -> Literal["ordinal", "nominal"]:
-        """``task``, or with ``task='auto'`` the attached data module's ``task`` (``ordinal`` without one).
+        """``task``, or with ``task='auto'`` the attached data module's ``task`` (``ordinal`` without a data module).
 
         Known before ``setup``: the checkpoint callback that monitors ``val/acc`` (nominal) or
         ``val/mae`` (ordinal) is built from it.
         """
         if self.task != "auto":
             return self.task
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        task = getattr(dm, "task", "ordinal")
-        return "nominal" if task == "nominal" else "ordinal"
+        data = self.datamodule_info
+        return "ordinal" if data is None else data.task
 
     @property
     def monitor(self) -> str:
@@ -985,14 +990,14 @@ class ClassifierModule(BaseModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None and hasattr(dm, "num_classes"):
-            n = dm.num_classes
-            if n != self.num_classes:
-                raise ValueError(
-                    f"model.num_classes={self.num_classes} but {type(dm).__name__} has {n} classes "
-                    f"({getattr(dm, 'class_names', [])[:10]}); set --model.init_args.num_classes {n}"
-                )
+        data = self.datamodule_info
+        if data is not None and data.num_classes != self.num_classes:
+            n = data.num_classes
+            raise ValueError(
+                f"model.num_classes={self.num_classes} but {data.name} has {n} classes ({(data.class_names or [])[:10]}); "
+                f"give the model num_classes {n} ({type(self).__name__}(num_classes={n}); the command line takes it from "
+                "the data module: leave model.num_classes out)"
+            )
         if self.val_metrics is None:
             for metrics in self._make_metrics(self.resolved_task()):
                 metrics.to(self.device)
@@ -1095,8 +1100,8 @@ class ClassifierModule(BaseModule):
         ]
         if not parts:
             return ""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        note = " [validation set = the test split: data.val_fraction 0]" if getattr(dm, "val_fraction", None) == 0 else ""
+        data = self.datamodule_info
+        note = " [validation set = the test split: data.val_fraction 0]" if data is not None and data.val_fraction == 0 else ""
         return f"{self.summary_name or type(self).__name__}: " + "; ".join(parts) + note
 
     def on_fit_end(self) -> None:

@@ -119,8 +119,7 @@ class PretrainModule(BaseModule):
     def setup(self, stage: str) -> None:
         """``init_from``; build the online probe from the data module's classes/task if it is still missing."""
         super().setup(stage)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        probe = self.online_eval.setup_from_datamodule(dm, self.build_online_probe, owner=type(self).__name__)
+        probe = self.online_eval.setup_from_datamodule(self.datamodule_info, self.build_online_probe, owner=type(self).__name__)
         if probe is not None:
             self.probe = probe.to(self.device)
             # stored so that checkpoints rebuild the probe in __init__ (load_from_checkpoint)

@@ -149,15 +149,16 @@ class SupConModule(PretrainModule):
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
         """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
-            if getattr(dm, "train_views", None) is None:
+        data = self.datamodule_info
+        n_views = data.n_views if data is not None and stage == "fit" else None
+        if data is not None and n_views is not None:
+            if data.train_views is None:
                 raise ValueError(
                     f"{type(self).__name__} needs multi-view batches; set data.train_views, e.g. "
                     f"{{class_path: cloc_lightning.data.SupConViews, init_args: {{n_views: {self.n_views}}}}}"
                 )
-            if dm.n_views != self.n_views:
-                raise ValueError(self._views_message(dm.n_views))
+            if n_views != self.n_views:
+                raise ValueError(self._views_message(n_views))
         super().setup(stage)
 
     # ------------------------------------------------------------------ views
