@@ -410,11 +410,8 @@ class OnlineEvaluator:
             if data is None:
                 raise ValueError(f"{owner} cannot size its online probe: set model.num_classes, or online_probe: false")
             n = data.num_classes
-        task: ProbeTask
-        if self.task != "auto":
-            task = self.task
-        else:
-            task = "nominal" if data is None else data.task
+        # task auto: the data module's (nominal without one)
+        task: ProbeTask = self.task if self.task != "auto" else "nominal" if data is None else data.task
         return self.build(n, task, factory)
 
     def param_group(self, base_lr: float) -> dict[str, Any] | None:
