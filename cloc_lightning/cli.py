@@ -3,8 +3,7 @@
 ::
 
     cloc-lightning fit --config configs/cloc/demo.yaml          # train (+ test with test_after_fit)
-    cloc-lightning fit --model CEModule --data UTKFaceDataModule --data.root data/utkface \
-        --model.num_classes 8
+    cloc-lightning fit --model CEModule --data UTKFaceDataModule --data.root data/utkface
     cloc-lightning test --config cfg.yaml --ckpt_path runs/.../best.ckpt
     cloc-lightning predict --config cfg.yaml --ckpt_path best.ckpt   # writes predictions.csv
     cloc-lightning fit --help ; cloc-lightning fit --model.help CLOCModule
@@ -13,7 +12,9 @@
 Every subclass of :class:`~cloc_lightning.methods.base.BaseModule` and
 :class:`~cloc_lightning.data.base.BaseDataModule` that is imported is selectable by
 name with ``--model`` / ``--data`` (or ``class_path`` in YAML), including your
-own classes: ``--model my_project.MyCLOC``.  The sub-commands ``probe``, ``export-prototypes`` and
+own classes: ``--model my_project.MyCLOC``.  The model's ``num_classes`` comes from the data module
+(:meth:`CLOCLightningCLI.num_classes_from_data`, the contract of :mod:`cloc_lightning.data_contract`),
+so a config names the classes once, on the data module.  The sub-commands ``probe``, ``export-prototypes`` and
 ``configs`` (list, show, copy the shipped YAML configs) live in :mod:`cloc_lightning.commands`; the
 guide is ``docs/cli.md``.
 
@@ -47,6 +48,7 @@ from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.commands import COMMANDS
 from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
@@ -72,6 +74,43 @@ def _run_options_target(model: Any) -> Any:
         return None
     init_args = model.get("init_args")
     return init_args if init_args is not None and hasattr(init_args, "get") else model
+
+
+def _given_num_classes(model: Any) -> Any:
+    """The model's ``num_classes`` in a parsed config (``None`` when not given)."""
+    args = _run_options_target(model)
+    return args.get("num_classes") if args is not None else None
+
+
+def _import_class(class_path: str) -> type | None:
+    """The class named by a (parsed, dotted) ``class_path``; ``None`` if it cannot be imported."""
+    import importlib
+
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _requires_num_classes(cls: type) -> bool:
+    """Whether ``cls``'s constructor has a ``num_classes`` argument without a default (found along ``**kwargs``)."""
+    import inspect
+
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            return False
+        if "num_classes" in params:
+            return params["num_classes"].default is inspect.Parameter.empty
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False
 
 
 def _run_options(model: Any) -> dict[str, Any]:
@@ -350,9 +389,16 @@ class RunConfigSaver(SaveConfigCallback):
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
 
+def _real_loggers(trainer: Any) -> list[Any]:
+    """The trainer's loggers but ``fast_dev_run``'s ``DummyLogger`` (which answers every attribute, ``_version`` too)."""
+    from lightning.pytorch.loggers.logger import DummyLogger
+
+    return [lg for lg in trainer.loggers if not isinstance(lg, DummyLogger)]
+
+
 def _versioned_loggers(trainer: Any) -> list[Any]:
     """The loggers that keep a ``<root_dir>/<version>`` run folder (TensorBoard, CSV)."""
-    return [lg for lg in trainer.loggers if hasattr(lg, "_version") and hasattr(lg, "root_dir")]
+    return [lg for lg in _real_loggers(trainer) if hasattr(lg, "_version") and hasattr(lg, "root_dir")]
 
 
 def _check_save_dir(folder: str) -> None:
@@ -432,6 +478,7 @@ class CLOCLightningCLI(LightningCLI):
     checkpoint/config checks, a prediction writer for ``predict`` and the extra sub-commands in ``--help``."""
 
     def __init__(self, *pos: Any, **kwargs: Any) -> None:
+        self._num_classes_from_checkpoint = False
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
@@ -449,6 +496,44 @@ class CLOCLightningCLI(LightningCLI):
             default=False,
             help="After fit, run test on the best checkpoint (or the final weights without one) and print the metrics.",
         )
+        # the data -> model contract (cloc_lightning.data_contract): a config names its classes once, on the data module
+        parser.link_arguments("data", "model.init_args.num_classes", compute_fn=self.num_classes_from_data, apply_on="instantiate")
+
+    def num_classes_from_data(self, data: Any) -> int | None:
+        """The model's ``num_classes`` from the data module (the link ``data -> model.init_args.num_classes``).
+
+        Applied when the data module is built, before the model: a model whose ``num_classes`` is
+        required (the classifiers) gets the data module's
+        (:attr:`~cloc_lightning.data_contract.DataInfo.num_classes`); one whose ``num_classes`` is
+        optional (the pre-training modules' online probe: ``null`` = the data module's, read at
+        setup) keeps the value it was given.  A value given anyway (config, command line, or the
+        hyper-parameters of a ``--ckpt_path`` checkpoint) must equal the data module's: a
+        different one is refused naming both, never replaced silently.
+        """
+        cfg = self._cfg()
+        model_cfg = cfg.get("model")
+        args = _run_options_target(model_cfg)
+        given = args.get("num_classes") if args is not None else None
+        cls = _import_class(str(model_cfg.get("class_path") or "")) if model_cfg is not None and hasattr(model_cfg, "get") else None
+        if given is None and not (cls is not None and _requires_num_classes(cls)):
+            return None
+        owner = cls.__name__ if cls is not None else "the model"
+        info = DataInfo(data, owner=owner)
+        n = info.num_classes
+        if given is not None and given != n:
+            shown = f" ({(info.class_names or [])[:10]})" if info.class_names else ""
+            if self._num_classes_from_checkpoint:
+                raise ValueError(
+                    f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given}, but "
+                    f"{info.name} has {n} classes{shown}; evaluate or resume it on data with {given} classes (the config "
+                    "it was trained with is config.yaml in its run folder)"
+                )
+            raise ValueError(
+                f"model.num_classes={given} but {info.name} has {n} classes{shown}; {owner} takes num_classes from the data "
+                f"module: leave model.init_args.num_classes (--model.num_classes) out of the config and the command line, "
+                f"or configure the data module with {given} classes"
+            )
+        return n
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
@@ -478,7 +563,11 @@ class CLOCLightningCLI(LightningCLI):
         if ckpt_path and os.path.isfile(ckpt_path):
             check_config_against_checkpoint(self.config[sub].get("model"), ckpt_path)
         kept = _run_options(self.config[sub].get("model")) if sub else {}
+        before = _given_num_classes(self.config[sub].get("model")) if sub else None
         super()._parse_ckpt_path()
+        after = _given_num_classes(self.config[sub].get("model")) if sub else None
+        #: whether the model's num_classes is the --ckpt_path checkpoint's (named in a mismatch with the data module)
+        self._num_classes_from_checkpoint = after is not None and after != before
         if kept:  # how this run executes is the command line's / config's, not the checkpoint's
             args = _run_options_target(self.config[sub].get("model"))
             if args is not None:
@@ -628,7 +717,7 @@ def _pin_logger_version(trainer: Any, version: str | None) -> None:
     process of ``ddp_spawn`` name the folder its workers wrote (computed later, it would name
     the next, empty one).  Only loggers whose version was not configured are changed.
     """
-    for logger in trainer.loggers:
+    for logger in _real_loggers(trainer):
         if not hasattr(logger, "_version"):
             continue
         if version is not None and getattr(logger, "_experiment", None) is None:

@@ -129,3 +129,22 @@ def one_thread() -> Iterator[None]:
     OpenMP thread spin-waiting on a shared 2-core machine (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
     with torch_threads(1):
         yield
+def linked_model_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config's ``model.init_args`` as the command line passes them to the model: with the data module's ``num_classes``.
+
+    The shipped configs name the classes once, on the data module; ``cloc-lightning`` links the data
+    module's ``num_classes`` into a model whose ``num_classes`` is required (``cloc_lightning.cli``).
+    The data module is built from the config (without ``train_views``: they do not change the classes).
+    """
+    import importlib
+
+    from cloc_lightning.cli import _requires_num_classes
+
+    args = dict(cfg["model"]["init_args"])
+    model_module, _, model_name = cfg["model"]["class_path"].rpartition(".")
+    if "num_classes" in args or not _requires_num_classes(getattr(importlib.import_module(model_module), model_name)):
+        return args
+    data_module, _, data_name = cfg["data"]["class_path"].rpartition(".")
+    init = {k: v for k, v in (cfg["data"].get("init_args") or {}).items() if k != "train_views"}
+    args["num_classes"] = getattr(importlib.import_module(data_module), data_name)(**init).num_classes
+    return args

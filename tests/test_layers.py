@@ -39,6 +39,7 @@ LAYERS = {
     "configs": 9,
     "precision": 9,
     "helptext": 9,
+    "data_contract": 9,
 }
 
 

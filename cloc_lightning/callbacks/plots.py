@@ -16,10 +16,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from cloc_lightning.callbacks._util import run_dir, tensorboard
+from cloc_lightning.data_contract import datamodule_info
 from cloc_lightning.plots import confusion_figure, embedding_figure, save_figure
 from cloc_lightning.validation import check_choice
 
-__all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs", "whole_split"]
+__all__ = ["EmbeddingPlot", "ConfusionMatrixPlot", "project_2d", "collect_outputs"]
 
 #: how :class:`EmbeddingPlot` maps features to 2-D
 Projection = Literal["pca", "tsne"]
@@ -64,18 +65,6 @@ def collect_outputs(
     return torch.cat(feats)[:max_points].numpy(), lg, torch.cat(labels)[:max_points].numpy()
 
 
-def whole_split(dm: Any, split: Literal["val", "test"]) -> Any:
-    """A loader of the data module's whole ``split`` (``whole_split_dataloader`` when it has one).
-
-    Under DDP our data modules' ``val_dataloader`` / ``test_dataloader`` give each process
-    its share only; the plots run on rank 0 and show every sample.
-    """
-    whole = getattr(dm, "whole_split_dataloader", None)
-    if callable(whole):
-        return whole(split)
-    return dm.val_dataloader() if split == "val" else dm.test_dataloader()
-
-
 def project_2d(x: np.ndarray, method: Projection = "pca", seed: int = 0) -> np.ndarray:
     """``[N, D] -> [N, 2]`` by PCA or t-SNE (scikit-learn; t-SNE after a 50-d PCA)."""
     from sklearn.decomposition import PCA
@@ -114,11 +103,12 @@ class EmbeddingPlot(Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         folder = run_dir(trainer)  # every rank (a collective under DDP)
-        dm = getattr(trainer, "datamodule", None)
-        if not trainer.is_global_zero or dm is None:
+        data = datamodule_info(trainer, owner=type(self).__name__)
+        if not trainer.is_global_zero or data is None:
             return
-        feats, _, labels = collect_outputs(pl_module, whole_split(dm, "val"), self.max_points, want_logits=False)
-        names = getattr(dm, "class_names", None)
+        # the whole split on rank 0 (under DDP val_dataloader gives each process its share only)
+        feats, _, labels = collect_outputs(pl_module, data.whole_split_dataloader("val"), self.max_points, want_logits=False)
+        names = data.class_names
         title = f"{type(pl_module).__name__}: validation embedding ({self.method.upper()})"
         fig = embedding_figure(project_2d(feats, self.method), labels, names, title)
         self.path = _write(trainer, fig, folder, f"embedding_{self.method}.png", "plots/embedding")
@@ -136,17 +126,17 @@ class ConfusionMatrixPlot(Callback):
 
     def _plot(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         folder = run_dir(trainer)  # every rank (a collective under DDP)
-        dm = getattr(trainer, "datamodule", None)
-        if not trainer.is_global_zero or dm is None:
+        data = datamodule_info(trainer, owner=type(self).__name__)
+        if not trainer.is_global_zero or data is None:
             return
-        _, logits, labels = collect_outputs(pl_module, whole_split(dm, stage), self.max_points)  # type: ignore[arg-type]
+        _, logits, labels = collect_outputs(pl_module, data.whole_split_dataloader(stage), self.max_points)  # type: ignore[arg-type]
         if logits is None:
             return
         n = logits.shape[1]
         cm = np.zeros((n, n), dtype=np.int64)
         np.add.at(cm, (labels, logits.argmax(1)), 1)
         self.matrices[stage] = cm
-        names = getattr(dm, "class_names", None)
+        names = data.class_names
         fig = confusion_figure(cm, names, f"{type(pl_module).__name__}: {stage} confusion")
         self.paths[stage] = _write(trainer, fig, folder, f"confusion_{stage}.png", f"plots/confusion_{stage}")
 

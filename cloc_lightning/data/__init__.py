@@ -1,5 +1,7 @@
 """LightningDataModules shared by all methods, and their transforms."""
 
+from typing import TYPE_CHECKING
+
 from cloc_lightning.data.base import BaseDataModule, DataConfigError, hash_split
 from cloc_lightning.data.folder import CSVDataModule, ImageFolderDataModule
 from cloc_lightning.data.synthetic import OrdinalShapesDataModule, make_ordinal_shapes
@@ -23,3 +25,11 @@ __all__ = [
     "parse_utkface_name",
 ]
 __all__ += ["CIFAR10DataModule", "CIFAR100DataModule", "STL10DataModule"]
+
+if TYPE_CHECKING:  # mypy checks that every data module provides what a model reads of it
+    from cloc_lightning.data_contract import DataContract
+
+    _FULFIL_THE_CONTRACT: tuple[type[DataContract], ...] = (
+        BaseDataModule, CSVDataModule, ImageFolderDataModule, OrdinalShapesDataModule, UTKFaceDataModule,
+        CIFAR10DataModule, CIFAR100DataModule, STL10DataModule,
+    )

@@ -62,6 +62,7 @@ from cloc_lightning.checkpoints import (
     load_matching_weights,
     module_record,
 )
+from cloc_lightning.data_contract import DataInfo, datamodule_info
 from cloc_lightning.methods.optim import (
     OPTIMIZERS,
     LRInterval,
@@ -257,6 +258,11 @@ class BaseModule(L.LightningModule):
         """Return ``(encoder, feature_dim)``; ``encoder(x)`` maps ``[B, 3, H, W]`` to ``[B, feature_dim]``."""
         h = self.hparams
         return create_backbone(h.backbone, h.pretrained, h.cifar_stem, init=h.backbone_init, **(h.backbone_kwargs or {}))
+
+    @property
+    def datamodule_info(self) -> DataInfo | None:
+        """The attached data module's fields (:mod:`cloc_lightning.data_contract`); ``None`` without one (plain dataloaders)."""
+        return datamodule_info(self._trainer, owner=type(self).__name__)
 
     @property
     def monitor(self) -> str:
@@ -569,16 +575,15 @@ class ClassifierModule(BestFinalTracking, BaseModule):
         return build_metrics(task, self.num_classes, prefix)
 
     def resolved_task(self) -> Literal["ordinal", "nominal"]:
-        """``task``, or with ``task='auto'`` the attached data module's ``task`` (``ordinal`` without one).
+        """``task``, or with ``task='auto'`` the attached data module's ``task`` (``ordinal`` without a data module).
 
         Known before ``setup``: the checkpoint callback that monitors ``val/acc`` (nominal) or
         ``val/mae`` (ordinal) is built from it.
         """
         if self.task != "auto":
             return self.task
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        task = getattr(dm, "task", "ordinal")
-        return "nominal" if task == "nominal" else "ordinal"
+        data = self.datamodule_info
+        return "ordinal" if data is None else data.task
 
     @property
     def monitor(self) -> str:
@@ -597,14 +602,14 @@ class ClassifierModule(BestFinalTracking, BaseModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None and hasattr(dm, "num_classes"):
-            n = dm.num_classes
-            if n != self.num_classes:
-                raise ValueError(
-                    f"model.num_classes={self.num_classes} but {type(dm).__name__} has {n} classes "
-                    f"({getattr(dm, 'class_names', [])[:10]}); set --model.init_args.num_classes {n}"
-                )
+        data = self.datamodule_info
+        if data is not None and data.num_classes != self.num_classes:
+            n = data.num_classes
+            raise ValueError(
+                f"model.num_classes={self.num_classes} but {data.name} has {n} classes ({(data.class_names or [])[:10]}); "
+                f"give the model num_classes {n} ({type(self).__name__}(num_classes={n}); the command line takes it from "
+                "the data module: leave model.num_classes out)"
+            )
         if self.val_metrics is None:
             for metrics in self._make_metrics(self.resolved_task()):
                 metrics.to(self.device)

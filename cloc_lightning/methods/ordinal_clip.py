@@ -315,10 +315,10 @@ class OrdinalCLIPModule(ClassifierModule):
     def setup(self, stage: str) -> None:
         """Also check that the data's image size is the one CLIP's visual tower was built for."""
         super().setup(stage)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if self.hparams.image_encoder != "clip" or dm is None:
+        data = self.datamodule_info
+        if self.hparams.image_encoder != "clip" or data is None:
             return
-        want, got = getattr(self.backbone, "image_size", None), getattr(dm, "image_size", None)
+        want, got = getattr(self.backbone, "image_size", None), data.image_size
 
         def pair(v: Any) -> tuple[Any, ...]:
             return tuple(v) if isinstance(v, (list, tuple)) else (v, v)
@@ -326,7 +326,7 @@ class OrdinalCLIPModule(ClassifierModule):
         if want is not None and got is not None and pair(want) != pair(got):
             raise ValueError(
                 f"CLIP's visual tower of {self.hparams.clip_model!r} takes {pair(want)[0]}x{pair(want)[1]} px images "
-                f"(its positional embedding has a fixed size) but {type(dm).__name__} gives image_size={got}; set "
+                f"(its positional embedding has a fixed size) but {data.name} gives image_size={got}; set "
                 f"--data.image_size {pair(want)[0]}, or use --model.image_encoder timm for other sizes"
             )
 

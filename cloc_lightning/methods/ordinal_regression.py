@@ -248,8 +248,8 @@ class OrdinalRegressionModule(ClassifierModule):
     def setup(self, stage: str) -> None:
         """Refuse nominal data (``task: auto`` with a nominal data module), then the classifier's setup."""
         if self.resolved_task() == "nominal":
-            dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-            raise ValueError(_NOMINAL.format(what=f"{type(dm).__name__}'s task is 'nominal'"))
+            data = self.datamodule_info
+            raise ValueError(_NOMINAL.format(what=f"{data.name if data is not None else 'the data module'}'s task is 'nominal'"))
         super().setup(stage)
 
     @staticmethod

@@ -110,8 +110,7 @@ class PretrainModule(BaseModule):
     def setup(self, stage: str) -> None:
         """``init_from``; build the online probe from the data module's classes/task if it is still missing."""
         super().setup(stage)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        probe = self.online_eval.setup_from_datamodule(dm, self.build_online_probe, owner=type(self).__name__)
+        probe = self.online_eval.setup_from_datamodule(self.datamodule_info, self.build_online_probe, owner=type(self).__name__)
         if probe is not None:
             self.probe = probe.to(self.device)
             # stored so that checkpoints rebuild the probe in __init__ (load_from_checkpoint)
@@ -201,15 +200,16 @@ class MultiViewModule(PretrainModule):
 
     def setup(self, stage: str) -> None:
         """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
-            if getattr(dm, "train_views", None) is None:
+        data = self.datamodule_info
+        n_views = data.n_views if data is not None and stage == "fit" else None
+        if data is not None and n_views is not None:
+            if data.train_views is None:
                 raise ValueError(
                     f"{type(self).__name__} needs multi-view batches; set data.train_views, e.g. "
                     f"{{class_path: cloc_lightning.data.SupConViews, init_args: {{n_views: {self.n_views}}}}}"
                 )
-            if dm.n_views != self.n_views:
-                raise ValueError(self._views_message(dm.n_views))
+            if n_views != self.n_views:
+                raise ValueError(self._views_message(n_views))
         super().setup(stage)
 
     def _views_message(self, got: int) -> str:

@@ -36,6 +36,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from cloc_lightning.callbacks.checks import is_logging_step
+from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.defaults import method_defaults
@@ -390,33 +391,34 @@ class ReLICModule(PretrainModule):
     # ---------------------------------------------------------------- lifecycle
     def setup(self, stage: str) -> None:
         """Check the data module's views and batch size; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if stage == "fit" and dm is not None and hasattr(dm, "n_views"):
-            views = getattr(dm, "train_views", None)
+        data = self.datamodule_info
+        n_views = data.n_views if data is not None and stage == "fit" else None
+        if data is not None and n_views is not None:
+            views = data.train_views
             if views is None:
                 raise ValueError(f"{type(self).__name__} needs multi-crop batches; {self._views_fix()}")
             counts = (getattr(views, "num_global_views", None), getattr(views, "num_local_views", None))
-            if dm.n_views != self.num_views or (None not in counts and counts != (self.num_global_views, self.num_local_views)):
+            if n_views != self.num_views or (None not in counts and counts != (self.num_global_views, self.num_local_views)):
                 raise ValueError(
                     f"{type(self).__name__}(num_global_views={self.num_global_views}, num_local_views={self.num_local_views}) "
-                    f"but the data module yields {dm.n_views} views ({type(views).__name__} {counts}); {self._views_fix()}"
+                    f"but the data module yields {n_views} views ({type(views).__name__} {counts}); {self._views_fix()}"
                 )
-            self._check_mini_batch_config(dm)
+            self._check_mini_batch_config(data)
         super().setup(stage)
 
-    def _check_mini_batch_config(self, dm: Any) -> None:
+    def _check_mini_batch_config(self, data: DataInfo) -> None:
         mb = self.mini_batch_size
-        bs = getattr(dm, "batch_size", None)
-        if mb is None or not isinstance(bs, int):
+        bs = data.batch_size
+        if mb is None or bs is None:
             return
         if bs % mb != 0:
             raise ValueError(
                 f"mini_batch_size={mb} does not divide data.batch_size={bs}; choose a divisor of the batch size "
                 f"(e.g. {max(d for d in range(1, mb + 1) if bs % d == 0)})"
             )
-        train_set = getattr(dm, "train_set", None)
-        if not getattr(dm, "drop_last", True) and train_set is not None and self.trainer.world_size == 1:
-            last = len(train_set) % bs
+        train_size = data.train_size
+        if data.drop_last is False and train_size is not None and self.trainer.world_size == 1:
+            last = train_size % bs
             if last and last % mb != 0:
                 raise ValueError(
                     f"the last training batch holds {last} images, which mini_batch_size={mb} does not divide; "

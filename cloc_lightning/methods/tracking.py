@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from torchmetrics import MetricCollection
 
+from cloc_lightning.data_contract import datamodule_info
+
 if TYPE_CHECKING:  # a mixin of LightningModules: type-checked as one, a plain class at run time
     import lightning as L
 
@@ -111,8 +113,8 @@ class BestFinalTracking(_LightningModule):
         ]
         if not parts:
             return ""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        note = " [validation set = the test split: data.val_fraction 0]" if getattr(dm, "val_fraction", None) == 0 else ""
+        data = datamodule_info(self._trainer, owner=type(self).__name__)
+        note = " [validation set = the test split: data.val_fraction 0]" if data is not None and data.val_fraction == 0 else ""
         return f"{self.summary_name or type(self).__name__}: " + "; ".join(parts) + note
 
     def on_fit_end(self) -> None:

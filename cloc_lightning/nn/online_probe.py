@@ -32,6 +32,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 
 from cloc_lightning.checks import require
+from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.metrics import build_metrics
 from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
@@ -369,32 +370,31 @@ class OnlineEvaluator:
         return self.probe
 
     def setup_from_datamodule(
-        self, dm: Any, factory: Callable[[int, ProbeTask], OnlineLinearProbe], owner: str = "the module"
+        self, data: DataInfo | None, factory: Callable[[int, ProbeTask], OnlineLinearProbe], owner: str = "the module"
     ) -> OnlineLinearProbe | None:
         """Check ``num_classes`` against the data module's; build the probe if it is still missing.
 
-        Returns the newly built probe (``None`` if none was built); ``task='auto'`` takes the
-        data module's ``task`` (``nominal`` without one).
+        ``data`` is the attached data module's :class:`~cloc_lightning.data_contract.DataInfo`
+        (``None`` without one).  Returns the newly built probe (``None`` if none was built);
+        ``task='auto'`` takes the data module's ``task`` (``nominal`` without a data module).
         """
         if not self.enabled:
             return None
         n = self.num_classes
-        dm_classes = getattr(dm, "num_classes", None) if dm is not None else None
-        if n is not None and dm_classes is not None and dm_classes != n:
+        if n is not None and data is not None and data.num_classes != n:
             raise ValueError(
-                f"model.num_classes={n} but {type(dm).__name__} has {dm_classes} classes; "
-                f"set --model.init_args.num_classes {dm_classes} (or null to take the data module's)"
+                f"model.num_classes={n} but {data.name} has {data.num_classes} classes; give the model num_classes "
+                f"{data.num_classes}, or null to take the data module's"
             )
         if self.probe is not None:
             return None
         if n is None:
-            if dm_classes is None:
+            if data is None:
                 raise ValueError(f"{owner} cannot size its online probe: set model.num_classes, or online_probe: false")
-            n = int(dm_classes)
-        task = self.task
-        if task == "auto":
-            task = getattr(dm, "task", "nominal") if dm is not None else "nominal"
-        return self.build(n, task, factory)  # type: ignore[arg-type]
+            n = data.num_classes
+        # task auto: the data module's (nominal without one)
+        task: ProbeTask = self.task if self.task != "auto" else "nominal" if data is None else data.task
+        return self.build(n, task, factory)
 
     def param_group(self, base_lr: float) -> dict[str, Any] | None:
         """The probe's optimiser group (``online_probe_lr`` or ``base_lr``, no weight decay); ``None`` without a probe."""

@@ -16,13 +16,14 @@ import yaml
 
 from cloc_lightning.methods.cloc import CLOCModule
 from tests.conftest import REPO as ROOT
+from tests.conftest import linked_model_args
 
 CONFIGS = sorted(p for p in (ROOT / "configs" / "cloc").glob("*.yaml") if "phase2" not in p.name)
 
 
 def _module_from_config(path: Path) -> tuple[CLOCModule, dict]:
     cfg = yaml.safe_load(path.read_text())
-    args = dict(cfg["model"]["init_args"])
+    args = linked_model_args(cfg)  # num_classes: the data module's, as the command line links it
     assert cfg["model"]["class_path"].endswith("CLOCModule")
     args.update(backbone="test_resnet", pretrained=False)  # same optimiser settings, tiny network
     return CLOCModule(**args), args

@@ -27,12 +27,13 @@ from open_clip.transformer import QuickGELU  # noqa: E402
 
 from benchmarks.reference.ordinal_clip import seed_interpolation  # noqa: E402
 from benchmarks.reference.schedules import torch_epoch_lrs  # noqa: E402
+from cloc_lightning.data import UTKFaceDataModule  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
 from cloc_lightning.methods.optim import lr_factor  # noqa: E402
 from cloc_lightning.nn import clip as clip_mod  # noqa: E402
 from cloc_lightning.nn.clip import load_clip  # noqa: E402
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights  # noqa: E402
-from tests.conftest import REPO, run_cli  # noqa: E402
+from tests.conftest import REPO, linked_model_args, run_cli  # noqa: E402
 
 SEED_CFG = REPO / "configs" / "ordinal_clip" / "utkface_seed.yaml"
 
@@ -192,7 +193,9 @@ def test_seed_config_values() -> None:
     t, m, d = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     assert cfg["seed_everything"] == 114514
     assert t["max_epochs"] == 100 and t["precision"] == "16-mixed" and t["devices"] == 1
-    assert m["num_classes"] == d["max_age"] - d["min_age"] + 1 == 101  # MORPH: num_ranks 101
+    # MORPH: num_ranks 101; the model's num_classes is the data module's (linked by the command line, named once)
+    assert "num_classes" not in m
+    assert UTKFaceDataModule(**d).num_classes == d["max_age"] - d["min_age"] + 1 == 101
     prompt = (m["num_base_ranks"], m["num_tokens_per_rank"], m["interpolation"], m["rank_position"])
     assert prompt == (3, 1, "linear", "tail")
     assert m["init_context"] == "age estimation: the age of the person is" and m["rank_specific_context"] is False
@@ -207,7 +210,7 @@ def test_seed_config_values() -> None:
 
 def test_seed_config_builds_module_with_seed_settings() -> None:
     """The config's model arguments, with pretrained=None (no weights here), on the real RN50 architecture."""
-    args = dict(_seed_cfg()["model"]["init_args"], pretrained=None)
+    args = dict(linked_model_args(_seed_cfg()), pretrained=None)  # num_classes: the data module's 101 ages, as the CLI links it
     torch.manual_seed(0)
     m = OrdinalCLIPModule(**args)
     pl = m.head.prompt_learner

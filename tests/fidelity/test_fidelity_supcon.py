@@ -37,7 +37,7 @@ from cloc_lightning.data.base import DataConfigError
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
-from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, linked_model_args
 
 
 # =============================================================================================
@@ -169,7 +169,7 @@ def _our_learning_rates(model: L.LightningModule, epochs: int, n_batches: int) -
 
 
 def _model_from(rel: str, encoder: Path | None = None) -> L.LightningModule:
-    init = dict(_config(rel)["model"]["init_args"])
+    init = linked_model_args(_config(rel))  # num_classes: the data module's, as the command line links it
     cls = {"supcon": SupConModule, "simclr": SupConModule, "ce": CEModule, "linear_probe": LinearProbeModule}[rel.split("/")[0]]
     init.update(backbone=TINY_BACKBONE, cifar_stem=False)  # the schedule does not depend on the network
     if cls is LinearProbeModule:
@@ -215,7 +215,7 @@ def test_paper_config_schedules_are_the_seeds(
 @pytest.mark.parametrize("rel", ["supcon/cifar10.yaml", "simclr/cifar10.yaml", "ce/cifar10.yaml"])
 def test_paper_configs_build_the_seeds_resnet_init(rel: str) -> None:
     """resnet_big.py: no zero-initialised last BatchNorm in the blocks (timm's default has them)."""
-    init = dict(_config(rel)["model"]["init_args"])
+    init = linked_model_args(_config(rel))
     init.update(backbone="resnet18")  # same init code path as resnet50, a quarter of the size
     model = {"ce": CEModule}.get(rel.split("/")[0], SupConModule)(**init)
     bns = [m for m in model.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]

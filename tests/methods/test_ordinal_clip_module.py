@@ -30,7 +30,7 @@ from cloc_lightning.nn.prototypes import (  # noqa: E402
     RankPromptHead,
 )
 from cloc_lightning.nn.text_encoder import FrozenTextEncoder  # noqa: E402
-from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, run_cli  # noqa: E402
+from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, linked_model_args, run_cli  # noqa: E402
 
 IMG = 16
 TINY = {
@@ -318,9 +318,10 @@ def test_shipped_configs_parse() -> None:
         assert args["pretrained"] is None and args["head"] == ("prompts" if name == "utkface" else "linear")
         assert cfg["data"]["init_args"]["label_mode"] == "age"
         span = cfg["data"]["init_args"]["max_age"] - cfg["data"]["init_args"]["min_age"] + 1
-        assert args["num_classes"] == span
+        # the model's num_classes is the data module's (the command line links it; the config names it once)
+        assert "num_classes" not in args
         # the config's module arguments are accepted (a tiny CLIP stands in for ViT-S-32-alt)
-        kwargs = {k: v for k, v in args.items() if k not in ("backbone",)}
+        kwargs = {k: v for k, v in linked_model_args(cfg).items() if k not in ("backbone",)}
         m = OrdinalCLIPModule(**{**kwargs, "clip_config": TINY, "backbone": TINY_BACKBONE})
         assert m.num_classes == span
 
