@@ -40,6 +40,7 @@ LAYERS = {
     "precision": 9,
     "helptext": 9,
     "data_contract": 9,
+    "hub": 9,
 }
 
 

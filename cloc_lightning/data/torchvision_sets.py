@@ -67,8 +67,8 @@ CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 
 
 def _reachable(url: str, timeout: float) -> str | None:
-    """:func:`cloc_lightning.nn.hub.unreachable_reason`, imported when a download starts (not with the data modules)."""
-    from cloc_lightning.nn.hub import unreachable_reason
+    """:func:`cloc_lightning.hub.unreachable_reason`, imported when a download starts (not with the data modules)."""
+    from cloc_lightning.hub import unreachable_reason
 
     return unreachable_reason(url, timeout)
 

@@ -3,7 +3,6 @@
 from cloc_lightning.nn.backbones import apply_cifar_stem, create_backbone, infer_feature_dim
 from cloc_lightning.nn.ema import EMATarget, copy_module_state_, cosine_beta, ema_update_
 from cloc_lightning.nn.heads import MLPHead
-from cloc_lightning.nn.hub import PretrainedUnavailableError, load_pretrained
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, knn_predict
 from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights
@@ -26,8 +25,6 @@ __all__ = [
     "create_backbone",
     "infer_feature_dim",
     "MLPHead",
-    "PretrainedUnavailableError",
-    "load_pretrained",
     # pre-training components: online evaluation (linear probe + kNN) and the EMA target
     "OnlineEvaluator",
     "OnlineLinearProbe",

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from cloc_lightning.nn.hub import load_pretrained
+from cloc_lightning.hub import load_pretrained
 from cloc_lightning.validation import check_choice
 
 __all__ = ["BackboneInit", "HalfSafeConv2d", "create_backbone", "apply_cifar_stem", "init_backbone", "use_half_safe_convs"]

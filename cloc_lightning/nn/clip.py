@@ -36,9 +36,9 @@ from typing import Any, Literal
 from torch import nn
 
 # the project's one error for "weights not available", and its offline / reachability checks; the probe's
-# timeout is read from the hub module at each call (``cloc_lightning.nn.hub.HUB_PROBE_TIMEOUT_S = 1.0`` sets it)
-from cloc_lightning.nn import hub
-from cloc_lightning.nn.hub import PretrainedUnavailableError, hub_offline, unreachable_reason
+# timeout is read from the hub module at each call (``cloc_lightning.hub.HUB_PROBE_TIMEOUT_S = 1.0`` sets it)
+from cloc_lightning import hub
+from cloc_lightning.hub import PretrainedUnavailableError, hub_offline, unreachable_reason
 from cloc_lightning.validation import check_choice
 
 __all__ = [
@@ -246,9 +246,9 @@ def load_clip(
         ValueError: unknown model name (with close names), unknown precision, a ``pretrained``
             value that is neither a tag of this model nor an existing file, or a tag whose activation
             (QuickGELU or not) no variant of ``clip_model`` has.
-        PretrainedUnavailableError (``cloc_lightning.nn.hub``, a RuntimeError): a tag that is not cached while offline
+        PretrainedUnavailableError (``cloc_lightning.hub``, a RuntimeError): a tag that is not cached while offline
             (``HF_HUB_OFFLINE=1``) or while its host cannot be reached within
-            :data:`~cloc_lightning.nn.hub.HUB_PROBE_TIMEOUT_S` seconds.
+            :data:`~cloc_lightning.hub.HUB_PROBE_TIMEOUT_S` seconds.
 
     Example:
         >>> model, tokenizer = load_clip("ViT-S-32-alt", pretrained=None)  # doctest: +SKIP

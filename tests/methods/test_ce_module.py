@@ -101,7 +101,7 @@ def test_pretrained_unavailable_offline_fails_fast(monkeypatch: pytest.MonkeyPat
 
     from huggingface_hub import constants
 
-    from cloc_lightning.nn.hub import PretrainedUnavailableError
+    from cloc_lightning.hub import PretrainedUnavailableError
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 open_clip = pytest.importorskip("open_clip")
 
 from cloc_lightning.data import OrdinalShapesDataModule  # noqa: E402
+from cloc_lightning.hub import PretrainedUnavailableError  # noqa: E402
 from cloc_lightning.losses.rank_prompt import ordinal_clip_loss  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
-from cloc_lightning.nn.hub import PretrainedUnavailableError  # noqa: E402
 from cloc_lightning.nn.prototypes import (  # noqa: E402
     MAX_LOGIT_SCALE,
     LinearPrototypeHead,

@@ -11,9 +11,9 @@ import torch
 
 open_clip = pytest.importorskip("open_clip")
 
-from cloc_lightning.nn import hub  # noqa: E402
+from cloc_lightning import hub  # noqa: E402
+from cloc_lightning.hub import PretrainedUnavailableError  # noqa: E402
 from cloc_lightning.nn.clip import load_clip  # noqa: E402
-from cloc_lightning.nn.hub import PretrainedUnavailableError  # noqa: E402
 from tests.nn.conftest import CTX_LEN, TINY_CFG  # noqa: E402
 
 

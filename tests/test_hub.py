@@ -1,4 +1,4 @@
-"""Pretrained weights through the hub (``cloc_lightning/nn/hub.py``): unavailable offline and not cached, a clear
+"""Pretrained weights through the hub (``cloc_lightning/hub.py``): unavailable offline and not cached, a clear
 error at once (timm backbones and open_clip tags), no minute of hub retries."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from cloc_lightning.methods import CEModule
 def test_pretrained_weights_unavailable_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from huggingface_hub import constants
 
+    from cloc_lightning.hub import PretrainedUnavailableError
     from cloc_lightning.nn.clip import load_clip
-    from cloc_lightning.nn.hub import PretrainedUnavailableError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
