@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal, cast
 
 import torch
@@ -40,6 +39,7 @@ from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.grad_cache import cached_backward, chunk_backward, mini_batch_slices
 from cloc_lightning.methods.pretrain import PretrainModule
 from cloc_lightning.nn.ema import BetaSchedule, EMATarget
 from cloc_lightning.nn.heads import MLPHead
@@ -494,40 +494,6 @@ class ReLICModule(PretrainModule):
             self.log_dict(probe_logs, batch_size=bsz)
 
     # ------------------------------------------------------ mini-batch splitting
-    def _check_mini_batch(self, bsz: int) -> int:
-        mb = self.mini_batch_size or bsz
-        if mb > bsz or bsz % mb != 0:
-            raise ValueError(
-                f"mini_batch_size={mb} does not divide the batch of {bsz} images; use a divisor of data.batch_size "
-                "and data.drop_last: true (so that the last batch is full too)"
-            )
-        return bsz // mb
-
-    def _backward(self, tensor: torch.Tensor, last: bool) -> None:
-        """Backward of one mini-batch: ``manual_backward`` under a Trainer (DDP sync only on the last), else plain."""
-        # backward outside autocast (training_step runs under the Trainer's autocast): custom autograd
-        # Functions (the fused loss) would otherwise run their backward matmuls in half precision
-        no_autocast = torch.autocast(device_type=tensor.device.type, enabled=False)
-        if self._trainer is None:
-            with no_autocast:
-                torch.autograd.backward(tensor)
-            return
-        strategy = self.trainer.strategy
-        ctx: AbstractContextManager[Any] = nullcontext()
-        if not last and hasattr(strategy, "block_backward_sync"):
-            ctx = strategy.block_backward_sync()
-        with ctx, no_autocast:
-            self.manual_backward(tensor)
-
-    def _rng_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        return torch.get_rng_state(), cuda
-
-    def _set_rng_state(self, state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], device)
-
     def accumulate_gradients(
         self, views: Sequence[torch.Tensor], y: torch.Tensor, gamma: float | None = None, step: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -543,9 +509,8 @@ class ReLICModule(PretrainModule):
         self.check_views(views, int(y.shape[0]))
         step = self._step() if step is None else step
         gamma = self.gamma_at(step) if gamma is None else gamma
-        chunks = self._check_mini_batch(int(y.shape[0]))
-        mb = int(y.shape[0]) // chunks
-        slices = [slice(c * mb, (c + 1) * mb) for c in range(chunks)]
+        slices = mini_batch_slices(int(y.shape[0]), self.mini_batch_size)
+        chunks = len(slices)
         g = self.num_global_views
 
         # the target, chunk by chunk (BatchNorm statistics per chunk, like the online network), no gradients
@@ -560,8 +525,22 @@ class ReLICModule(PretrainModule):
         features = F.normalize(upcast(torch.cat(first_features)), dim=1)
         probe_loss, probe_logs = self.online_eval.training_step(features, y)
 
-        if self.negatives == "full_batch":
-            return (*self._gradient_cache(views, target, slices, gamma, step, probe_loss), probe_logs)
+        def backward(tensor: torch.Tensor, last: bool) -> None:
+            chunk_backward(self, tensor, last)
+
+        if self.negatives == "full_batch":  # the gradient cache: exact gradients of the whole-batch loss
+            full_target = [torch.cat(t) for t in target]
+            loss, inv = cached_backward(
+                lambda sl: [self.online_projection(view[sl]) for view in views],
+                slices,
+                lambda online: self.multicrop_loss(online, full_target, gamma, step),
+                backward,
+                device=views[0].device,
+                params=[p for p in self.criterion.parameters() if p.requires_grad],
+                buffers=[b for m in self.ema.online for b in m.buffers()],
+                last_extra=probe_loss,
+            )
+            return loss, inv, probe_logs
 
         loss_sum = features.new_zeros(())
         inv_sum = features.new_zeros(())
@@ -572,56 +551,10 @@ class ReLICModule(PretrainModule):
             last = c == chunks - 1
             if last and probe_loss is not None:
                 part = part + probe_loss
-            self._backward(part, last)
+            backward(part, last)
             loss_sum = loss_sum + loss.detach() / chunks
             inv_sum = inv_sum + inv.detach() / chunks
         return loss_sum, inv_sum, probe_logs
-
-    def _gradient_cache(
-        self,
-        views: list[torch.Tensor],
-        target: list[list[torch.Tensor]],
-        slices: list[slice],
-        gamma: float,
-        step: int,
-        probe_loss: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``negatives='full_batch'``: exact gradients of the whole-batch loss, one mini-batch graph at a time."""
-        device = views[0].device
-        online_buffers = [b for m in self.ema.online for b in m.buffers()]
-        saved_buffers = [b.clone() for b in online_buffers]
-        rng_states = []
-        outputs: list[list[torch.Tensor]] = [[] for _ in views]
-        with torch.no_grad():  # pass 1: every chunk's online projections, no graph kept
-            for sl in slices:
-                rng_states.append(self._rng_state(device))
-                for j, view in enumerate(views):
-                    outputs[j].append(self.online_projection(view[sl]))
-        if online_buffers:  # pass 2 repeats the forward: keep BatchNorm running statistics updated once
-            torch._foreach_copy_(online_buffers, saved_buffers)
-        leaves = [upcast(torch.cat(o)).requires_grad_(True) for o in outputs]
-        full_target = [torch.cat(t) for t in target]
-        crit_params = [p for p in self.criterion.parameters() if p.requires_grad]
-        with torch.enable_grad():
-            loss, inv = self.multicrop_loss(leaves, full_target, gamma, step)
-            with torch.autocast(device_type=device.type, enabled=False):  # see _backward
-                grads = torch.autograd.grad(loss, [*leaves, *crit_params])
-        out_grads, crit_grads = grads[: len(leaves)], grads[len(leaves):]
-        after_pass1 = self._rng_state(device)
-        for c, sl in enumerate(slices):  # pass 2: re-forward each chunk with a graph; back-propagate its gradient slice
-            self._set_rng_state(rng_states[c], device)
-            surrogate = torch.zeros((), device=device)
-            for j, view in enumerate(views):
-                surrogate = surrogate + (self.online_projection(view[sl]).to(out_grads[j].dtype) * out_grads[j][sl]).sum()
-            last = c == len(slices) - 1
-            if last:
-                for p, gp in zip(crit_params, crit_grads, strict=True):
-                    surrogate = surrogate + (p * gp).sum()
-                if probe_loss is not None:
-                    surrogate = surrogate + probe_loss
-            self._backward(surrogate, last)
-        self._set_rng_state(after_pass1, device)
-        return loss.detach(), inv.detach()
 
     def _manual_step(
         self, views: list[torch.Tensor], y: torch.Tensor, gamma: float, step: int
