@@ -163,7 +163,8 @@ def test_dying_loader_worker_is_a_clear_error_not_a_hang(tmp_path: Path) -> None
     assert time.monotonic() - t0 < 180
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+# a loader worker in the long tier (9 s of the fast tier); in the main process it stays fast
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_file_corrupted_mid_epoch_names_the_file(workers: int, tmp_path: Path) -> None:
     """The file is fine at setup and broken when the loader reaches it (e.g. a network disk): the error names it."""
     root = _folder(tmp_path / "data", n=20)

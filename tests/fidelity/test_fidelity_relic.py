@@ -93,6 +93,7 @@ def _copy_in_eval(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module).eval()
 
 
+@pytest.mark.slow  # long tier: a real multi-epoch fit (12 s of the fast tier, measured idle at 788d45e+)
 def test_encoder_bn_frozen_stats_keeps_running_statistics_over_real_training_steps(tmp_path: Path) -> None:
     """``encoder_bn='frozen_stats'``: 2 epochs with validation in between (Lightning switches modes around it).
 
@@ -331,6 +332,7 @@ class _BetaRecorder(ReLICModule):
         super().copy_target()
 
 
+@pytest.mark.slow  # long tier: a real multi-epoch fit (51 s of the fast tier, measured idle at 788d45e+)
 @pytest.mark.parametrize("every", [1, 2])
 def test_scl_train_beta_schedule_in_a_real_fit(tmp_path: Path, every: int) -> None:
     """4 batches per epoch, 3 epochs: the coefficients a Trainer applies equal the seed loop's."""

@@ -80,6 +80,7 @@ def _lrs_from_trainer(tmp_path, **hparams) -> list[float]:
     return rec.lrs
 
 
+@pytest.mark.slow  # long tier: a real multi-epoch fit (36 s of the fast tier, measured idle at 788d45e+)
 def test_supcontrast_schedule_in_a_real_fit(tmp_path) -> None:
     lrs = _lrs_from_trainer(
         tmp_path, lr=0.5, scheduler="cosine", warmup_epochs=10, min_lr_ratio=1e-3, lr_interval="epoch", warmup_from=0.01

@@ -356,7 +356,8 @@ def _trainer(root: Path, epochs: int, *callbacks: L.Callback, logger: Any = Fals
     return cpu_trainer(root, max_epochs=epochs, logger=logger, num_sanity_val_steps=1, callbacks=[ForceClass(), *callbacks])
 
 
-@pytest.mark.parametrize("task", ["nominal", "ordinal"])
+# the nominal case in the long tier (9 s of the fast tier); the ordinal one stays fast
+@pytest.mark.parametrize("task", [pytest.param("nominal", marks=pytest.mark.slow), "ordinal"])
 def test_linear_stage_logs_final_and_best_over_a_fit(
     tmp_path: Path, encoder_file: Path, task: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -399,6 +400,7 @@ def test_linear_stage_logs_final_and_best_over_a_fit(
     assert result["val/acc_final"] == pytest.approx(final) and result["val/acc_best"] == pytest.approx(best)
 
 
+@pytest.mark.slow  # long tier: a real multi-epoch fit (14 s of the fast tier, measured idle at 788d45e+)
 def test_linear_stage_best_survives_a_resumed_fit(tmp_path: Path, encoder_file: Path) -> None:
     train, val = _loaders()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)

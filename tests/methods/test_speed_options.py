@@ -140,6 +140,7 @@ class _TinyCE(CEModule):
         return net, 8
 
 
+@pytest.mark.slow  # long tier: torch.compile of a backbone (12 s of the fast tier, measured idle)
 def test_compile_backbone_with_torch_defaults_trains_as_the_uncompiled_module(tmp_path: Path) -> None:
     """``compile_backbone: true`` (inductor, mode default): same weights as eager after 3 steps, plain keys in the checkpoint."""
     runs = {}
