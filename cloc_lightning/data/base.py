@@ -758,13 +758,15 @@ class BaseDataModule(L.LightningDataModule):
         if not bad:
             return None
         names = [ds.files[i] for i in bad[:5]]
-        warnings.warn(
-            f"bad_files: skip: left {len(bad)} unreadable image(s) out of the {split} split, whose metrics and "
-            f"predictions cover the other {len(ds) - len(bad)}: {names}{' ...' if len(bad) > 5 else ''}",
-            stacklevel=2,
-        )
+        return self._skip(len(ds), bad, f"left {len(bad)} unreadable image(s) out of the {split} split, whose metrics and "
+                          f"predictions cover the other {len(ds) - len(bad)}: {names}{' ...' if len(bad) > 5 else ''}")
+
+    @staticmethod
+    def _skip(n: int, bad: Sequence[int], what: str) -> list[int]:
+        """``bad_files: skip``: warn ``'bad_files: skip: ' + what`` (once, at setup) and return the indices ``0..n-1`` not in ``bad``."""
+        warnings.warn(f"bad_files: skip: {what}", stacklevel=3)
         drop = set(bad)
-        return [i for i in range(len(ds)) if i not in drop]
+        return [i for i in range(n) if i not in drop]
 
     def _ensure_base(self) -> dict[str, LabelledDataset]:
         if self._base is None:

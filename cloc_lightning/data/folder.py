@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -358,13 +357,8 @@ class CSVDataModule(BaseDataModule):
                 f"{what} {where}; fix those paths, set data.root to the folder they are relative to, or set "
                 "data.bad_files: skip to leave the rows whose image does not exist out of every split (with a warning)"
             )
-        warnings.warn(
-            f"bad_files: skip: left out {len(missing)} row(s) of {self.csv_path!r} whose image does not exist "
-            f"({len(files) - len(missing)} kept) {where}",
-            stacklevel=2,
-        )
-        drop = set(missing)
-        return [i for i in range(len(files)) if i not in drop]
+        return self._skip(len(files), missing, f"left out {len(missing)} row(s) of {self.csv_path!r} whose image does not exist "
+                          f"({len(files) - len(missing)} kept) {where}")
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()

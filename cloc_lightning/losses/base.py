@@ -18,7 +18,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LossOutput", "Loss", "compute_dtype", "upcast"]
+from cloc_lightning.checks import require
+from cloc_lightning.validation import check_tensor
+
+__all__ = ["LossOutput", "Loss", "compute_dtype", "upcast", "check_rank_labels"]
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
@@ -33,6 +36,32 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
 def upcast(t: Tensor) -> Tensor:
     """``t`` in :func:`compute_dtype` of itself: half -> float32, float32/float64 unchanged (no copy)."""
     return t.to(compute_dtype(t))
+
+
+def check_rank_labels(logits: Tensor, labels: Tensor, num_classes: int, owner: str, check_finite: bool, per_sample: str = "") -> Tensor:
+    """The ranks ``labels`` ``[N]`` of the ``[N, *]`` ``logits`` as ``long``, checked (the ordinal losses' input check).
+
+    The shapes are checked at once; with ``check_finite`` the values too, on the device
+    (:func:`~cloc_lightning.checks.require`: read at once, or recorded inside a Trainer's step):
+    finite ``logits`` and ranks in ``[0, num_classes)``, then clamped into that range so that a
+    deferred bad label cannot index out of bounds.  ``owner`` names the loss in the messages,
+    ``per_sample`` says what the logits of a sample are (e.g. ``" for 4 logits per sample"``).
+    """
+    n = logits.shape[0]
+    check_tensor("labels", labels, floating=False, layout="[N]", holding="ranks")
+    if labels.shape != (n,):
+        raise ValueError(f"{owner}: labels must be a [N]={n} tensor, got shape {tuple(labels.shape)}")
+    labels = labels.long()
+    if check_finite:
+        require(torch.isfinite(logits), f"{owner} got NaN/inf logits (diverged training?); lower the learning rate, "
+                "use gradient clipping, or check the inputs")
+        require(
+            (labels >= 0) & (labels < num_classes),
+            f"{owner}: labels must be ranks in [0, {num_classes}){per_sample}; check num_classes and the label mapping of the data",
+            detail=lambda: f" (got min {int(labels.min())} max {int(labels.max())})",
+        )
+        labels = labels.clamp(0, num_classes - 1)
+    return labels
 
 
 class LossOutput(NamedTuple):

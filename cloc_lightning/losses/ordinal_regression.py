@@ -39,8 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cloc_lightning.checks import require
-from cloc_lightning.losses.base import Loss, compute_dtype
+from cloc_lightning.losses.base import Loss, check_rank_labels, compute_dtype
 from cloc_lightning.validation import check_int, check_tensor
 
 __all__ = [
@@ -61,22 +60,8 @@ def _check(logits: Tensor, labels: Tensor, owner: str, check_finite: bool) -> tu
     n, tasks = logits.shape
     if n == 0 or tasks < 1:
         raise ValueError(f"{owner}: logits must have N >= 1 rows and K - 1 >= 1 columns, got shape {tuple(logits.shape)}")
-    check_tensor("labels", labels, floating=False, layout="[N]", holding="ranks")
-    if labels.shape != (n,):
-        raise ValueError(f"{owner}: labels must be a [N]={n} tensor, got shape {tuple(labels.shape)}")
-    num_classes = tasks + 1
-    labels = labels.long()
-    if check_finite:  # read at once, or recorded on the device inside a Trainer's step (cloc_lightning.checks)
-        require(torch.isfinite(logits), f"{owner} got NaN/inf logits (diverged training?); lower the learning rate, "
-                "use gradient clipping, or check the inputs")
-        require(
-            (labels >= 0) & (labels < num_classes),
-            f"{owner}: labels must be ranks in [0, {num_classes}) for {tasks} logits per sample (K - 1 for K classes); "
-            "check num_classes and the label mapping of the data",
-            detail=lambda: f" (got min {int(labels.min())} max {int(labels.max())})",
-        )
-        labels = labels.clamp(0, num_classes - 1)  # a deferred bad label must not index out of bounds
-    return num_classes, labels
+    per_sample = f" for {tasks} logits per sample (K - 1 for K classes)"
+    return tasks + 1, check_rank_labels(logits, labels, tasks + 1, owner, check_finite, per_sample)
 
 
 def _binary_log_likelihood(z: Tensor, target: Tensor) -> Tensor:

@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cloc_lightning.checks import require
-from cloc_lightning.losses.base import Loss, LossOutput, compute_dtype
+from cloc_lightning.losses.base import Loss, LossOutput, check_rank_labels, compute_dtype
 from cloc_lightning.validation import check_float, check_tensor
 
 __all__ = ["ordinal_clip_loss", "OrdinalCLIPLoss"]
@@ -62,22 +61,7 @@ def ordinal_clip_loss(
     n, num_ranks = logits.shape
     if n == 0 or num_ranks < 2:
         raise ValueError(f"logits must have N >= 1 rows and R >= 2 columns, got shape {tuple(logits.shape)}")
-    check_tensor("labels", labels, floating=False, layout="[N]", holding="ranks")
-    if labels.shape != (n,):
-        raise ValueError(f"labels must be a [N]={n} tensor, got shape {tuple(labels.shape)}")
-    labels = labels.long()
-    if check_finite:  # read at once, or recorded on the device inside a Trainer's step (cloc_lightning.checks)
-        require(
-            torch.isfinite(logits),
-            "OrdinalCLIP loss got NaN/inf logits (diverged training?); lower the learning rate, use "
-            "gradient clipping, or check the inputs",
-        )
-        require(
-            (labels >= 0) & (labels < num_ranks),
-            f"labels must be ranks in [0, {num_ranks}); check num_ranks and the label mapping of the data",
-            detail=lambda: f" (got min {int(labels.min())} max {int(labels.max())})",
-        )
-        labels = labels.clamp(0, num_ranks - 1)  # a deferred bad label must not index out of bounds
+    labels = check_rank_labels(logits, labels, num_ranks, "OrdinalCLIP loss", check_finite)
 
     dtype = compute_dtype(logits)  # float32 (float64 for float64 logits), autocast off
     with torch.autocast(device_type=logits.device.type, enabled=False):

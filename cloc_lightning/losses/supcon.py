@@ -80,6 +80,17 @@ def _mask_self(z: torch.Tensor, self_idx: torch.Tensor) -> None:
     z.view(-1).index_fill_(0, flat, -math.inf)
 
 
+def _self_excluded_exp_(z: torch.Tensor, self_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z <- exp(z - rowmax)`` in place with each row's own entry masked (:func:`_mask_self`); ``(rowmax, rowsum)`` [rows, 1].
+
+    The row's log-sum-exp is ``rowmax + log(rowsum)``.
+    """
+    _mask_self(z, self_idx)
+    row_max = z.amax(dim=1, keepdim=True)
+    z.sub_(row_max).exp_()
+    return row_max, z.sum(dim=1, keepdim=True)
+
+
 class _DenseLSE(torch.autograd.Function):
     """``LSE_a = logsumexp_{k != self(a)} <anchors_a, contrast_k> * inv_t`` in one block.
 
@@ -92,10 +103,7 @@ class _DenseLSE(torch.autograd.Function):
         ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float
     ) -> torch.Tensor:
         z = torch.mm(anchors * inv_t, contrast.t())
-        _mask_self(z, self_idx)
-        row_max = z.amax(dim=1, keepdim=True)
-        z.sub_(row_max).exp_()
-        row_sum = z.sum(dim=1, keepdim=True)
+        row_max, row_sum = _self_excluded_exp_(z, self_idx)
         lse = (row_max + row_sum.log()).squeeze(1)
         ctx.save_for_backward(anchors, contrast, z, row_sum)
         ctx.inv_t = inv_t
@@ -132,10 +140,8 @@ class _TiledLSE(torch.autograd.Function):
         for start in range(0, n_a, block):
             stop = min(start + block, n_a)
             z = torch.mm(scaled[start:stop], ct, out=buf[: stop - start])
-            _mask_self(z, self_idx[start:stop])
-            row_max = z.amax(dim=1, keepdim=True)
-            z.sub_(row_max).exp_()
-            lse[start:stop] = (row_max + z.sum(dim=1, keepdim=True).log()).squeeze(1)
+            row_max, row_sum = _self_excluded_exp_(z, self_idx[start:stop])
+            lse[start:stop] = (row_max + row_sum.log()).squeeze(1)
         ctx.save_for_backward(anchors, contrast, self_idx, lse)
         ctx.inv_t = inv_t
         ctx.block = block
