@@ -49,6 +49,7 @@ __all__ = [
     "encoder_state_dict",
     "load_encoder",
     "load_encoder_weights",
+    "import_class",
     "build_encoder",
     "read_checkpoint",
     "INIT_FROM_HINT",
@@ -227,7 +228,8 @@ class EncoderCheckpoint:
         }
 
 
-def _import_class(path: str | None) -> type | None:
+def import_class(path: str | None) -> type | None:
+    """The class a dotted ``class_path`` names (``None`` when it is empty or cannot be imported)."""
     if not path or "." not in path:
         return None
     module, _, name = path.rpartition(".")
@@ -235,7 +237,7 @@ def _import_class(path: str | None) -> type | None:
         obj: Any = importlib.import_module(module)
         for part in name.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError, ValueError):
         return None
     return obj if isinstance(obj, type) else None
 
@@ -349,7 +351,7 @@ def encoder_state_dict(checkpoint: dict[str, Any], source: str = "checkpoint") -
     meta = checkpoint.get(ENCODER_META_KEY) or {}
     hparams = checkpoint.get("hyper_parameters") or {}
     class_path = meta.get("class_path") or hparams.get("_class_path")
-    cls = _import_class(class_path)
+    cls = import_class(class_path)
     arch = {k: meta.get(k, hparams.get(k)) for k in _ARCH_KEYS}
     is_lightning = "state_dict" in checkpoint and isinstance(checkpoint["state_dict"], dict)
     state = checkpoint["state_dict"] if is_lightning else checkpoint

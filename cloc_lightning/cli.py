@@ -44,7 +44,7 @@ import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks import PredictionWriter
 from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
-from cloc_lightning.checkpoints import read_checkpoint
+from cloc_lightning.checkpoints import import_class, read_checkpoint
 from cloc_lightning.commands import COMMANDS
 from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
@@ -80,18 +80,6 @@ def _given_num_classes(model: Any) -> Any:
     """The model's ``num_classes`` in a parsed config (``None`` when not given)."""
     args = _run_options_target(model)
     return args.get("num_classes") if args is not None else None
-
-
-def _import_class(class_path: str) -> type | None:
-    """The class named by a (parsed, dotted) ``class_path``; ``None`` if it cannot be imported."""
-    import importlib
-
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return cls if isinstance(cls, type) else None
 
 
 def _requires_num_classes(cls: type) -> bool:
@@ -514,7 +502,7 @@ class CLOCLightningCLI(LightningCLI):
         model_cfg = cfg.get("model")
         args = _run_options_target(model_cfg)
         given = args.get("num_classes") if args is not None else None
-        cls = _import_class(str(model_cfg.get("class_path") or "")) if model_cfg is not None and hasattr(model_cfg, "get") else None
+        cls = import_class(str(model_cfg.get("class_path") or "")) if model_cfg is not None and hasattr(model_cfg, "get") else None
         if given is None and not (cls is not None and _requires_num_classes(cls)):
             return None
         owner = cls.__name__ if cls is not None else "the model"
