@@ -148,3 +148,16 @@ def linked_model_args(cfg: dict[str, Any]) -> dict[str, Any]:
     init = {k: v for k, v in (cfg["data"].get("init_args") or {}).items() if k != "train_views"}
     args["num_classes"] = getattr(importlib.import_module(data_module), data_name)(**init).num_classes
     return args
+
+
+def cli_in_process(args: list[str], capsys: Any) -> tuple[int, str, str]:
+    """``cloc-lightning <args>`` in this process: ``(exit code, stdout, stderr)`` (``capsys`` captures them)."""
+    from cloc_lightning.cli import main
+
+    code = 0
+    try:
+        main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -22,7 +22,7 @@ from cloc_lightning.checkpoints import MODULE_META_KEY, CheckpointMismatchError,
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CEModule, CLOCModule
 from tests._reliability import FIXTURE_CKPT, FIXTURE_OUTPUTS, FIXTURES, SMALL, _fit, _shapes
-from tests.conftest import TINY_BACKBONE, cli_env, cpu_trainer, tiny_shapes
+from tests.conftest import TINY_BACKBONE, cli_env, cli_in_process, cpu_trainer, tiny_shapes
 
 _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
@@ -53,17 +53,7 @@ def test_a_checkpoint_of_another_module_or_backbone_is_refused(tmp_path: Path) -
     assert checkpoint_mismatch(CEModule, {"backbone": TINY_BACKBONE}, {"state_dict": {}}) is None
 
 
-def _cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
-    """``cloc-lightning <args>`` in process: (exit code, stdout, stderr)."""
-    from cloc_lightning.cli import main
-
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+_cli = cli_in_process
 
 
 def _tiny_cli(tmp_path: Path, num_classes: int) -> list[str]:

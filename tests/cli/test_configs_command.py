@@ -17,7 +17,7 @@ import cloc_lightning.configs as configs_mod
 from cloc_lightning.cli import main, packaged_config_fallback
 from cloc_lightning.commands import COMMANDS
 from cloc_lightning.configs import ConfigNotFoundError, config_name, copy_config, find_config, list_configs, packaged_config_for
-from tests.conftest import REPO
+from tests.conftest import REPO, cli_in_process
 
 CONFIGS = REPO / "configs"
 SHIPPED = sorted(p.relative_to(CONFIGS).with_suffix("").as_posix() for p in CONFIGS.rglob("*.y*ml"))
@@ -31,15 +31,7 @@ def outside_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``cloc-lightning <args>`` in-process: (exit code, stdout, stderr)."""
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+run = cli_in_process
 
 
 # ------------------------------------------------------------------ list

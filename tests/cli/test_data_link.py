@@ -15,11 +15,11 @@ import pytest
 import torch
 import yaml
 
-from cloc_lightning.cli import TRAINER_DEFAULTS, CLOCLightningCLI, main
+from cloc_lightning.cli import TRAINER_DEFAULTS, CLOCLightningCLI
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.methods import CEModule
 from cloc_lightning.methods.base import BaseModule
-from tests.conftest import REPO, TINY_BACKBONE, run_cli
+from tests.conftest import REPO, TINY_BACKBONE, cli_in_process, run_cli
 
 CE_DEMO = str(REPO / "configs" / "ce" / "demo.yaml")
 SMALL_DATA = ["--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8",
@@ -38,14 +38,7 @@ def _build(args: list[str]) -> CLOCLightningCLI:
                             trainer_defaults=TRAINER_DEFAULTS, args=args)
 
 
-def _main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+_main = cli_in_process
 
 
 @pytest.mark.parametrize("config, outputs", [("ce/demo.yaml", 4), ("cloc/demo.yaml", 4), ("corn/demo.yaml", 3)])

@@ -21,11 +21,10 @@ import pytest
 import torch
 
 from cloc_lightning.callbacks import CLOCMarginFreeze
-from cloc_lightning.cli import main
 from cloc_lightning.methods import CLOCModule
 from cloc_lightning.metrics import build_metrics
 from tests._reliability import SMALL, _shapes
-from tests.conftest import REPO, cpu_trainer
+from tests.conftest import REPO, cli_in_process, cpu_trainer
 
 
 class PoisonAtValidation(L.Callback):
@@ -105,14 +104,7 @@ def _cli_args(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
-def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+_run = cli_in_process
 
 
 def test_test_after_fit_of_a_diverged_run_warns_that_its_metrics_are_no_result(
