@@ -201,11 +201,13 @@ def test_missing_and_empty_roots(tmp_path: Path) -> None:
         ImageFolderDataModule(str(tmp_path / "empty")).setup("fit")
 
 
-def test_unparseable_utkface_names_listed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bad", [("holiday.jpg", "x_1_2_3.jpg"), ("IMG_0001.jpg", "age_0_1.jpg")])
+def test_unparseable_utkface_names_listed(tmp_path: Path, bad: tuple[str, str]) -> None:
     _utk_folder(tmp_path, [20, 30, 40, 50])
-    _jpeg(tmp_path / "holiday.jpg")
-    _jpeg(tmp_path / "x_1_2_3.jpg")
-    with pytest.raises(DataConfigError, match=r"2 file\(s\).*holiday.jpg.*strict_names: false"):
+    for name in bad:
+        _jpeg(tmp_path / name)
+    first = sorted(bad)[0].replace(".", r"\.")
+    with pytest.raises(DataConfigError, match=rf"2 file\(s\).*{first}.*strict_names: false"):
         UTKFaceDataModule(str(tmp_path)).setup("fit")
     dm = UTKFaceDataModule(str(tmp_path), strict_names=False, batch_size=1, drop_last=False, split_fractions=(1, 1, 1))
     with pytest.warns(UserWarning, match="skipped 2 UTKFace"):

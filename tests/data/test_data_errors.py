@@ -129,18 +129,6 @@ def test_skip_leaves_unreadable_files_out_of_evaluation_splits(tmp_path: Path) -
         list(strict.test_dataloader())
 
 
-def test_utkface_names_that_do_not_parse(tmp_path: Path) -> None:
-    for i, age in enumerate([3, 20, 35, 50, 70, 9]):
-        _jpeg(tmp_path / f"{age}_0_1_2017010{i}.jpg.chip.jpg", seed=i)
-    _jpeg(tmp_path / "IMG_0001.jpg")
-    _jpeg(tmp_path / "age_0_1.jpg")
-    with pytest.raises(DataConfigError, match=r"2 file\(s\).*IMG_0001\.jpg.*strict_names: false"):
-        UTKFaceDataModule(str(tmp_path)).setup("fit")
-    dm = UTKFaceDataModule(str(tmp_path), strict_names=False, batch_size=1, drop_last=False, split_fractions=(1, 1, 1))
-    with pytest.warns(UserWarning, match="skipped 2 UTKFace file"):
-        dm._ensure_base()
-
-
 # ---------------------------------------------------------------- data loader faults
 def test_dying_loader_worker_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
     script = (
