@@ -49,6 +49,7 @@ from cloc_lightning.commands import COMMANDS
 from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data_contract import DataInfo
+from cloc_lightning.distributed import release_process_group
 from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
@@ -893,3 +894,5 @@ def main(args: list[str] | None = None) -> None:
         if err is None:
             raise
         exit_with_error(err)
+    finally:  # on every rank, before the interpreter's exit (where a live gloo group can abort the process)
+        release_process_group()

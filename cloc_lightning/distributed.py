@@ -43,6 +43,7 @@ __all__ = [
     "local_offset",
     "broadcast_",
     "all_reduce_mean_",
+    "release_process_group",
 ]
 
 
@@ -179,3 +180,16 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t.div_(n)
+
+
+def release_process_group() -> None:
+    """Destroy the default process group, if one is initialised (every backend).
+
+    Lightning destroys an NCCL group at exit but leaves a gloo group to the interpreter's
+    finalisation, where gloo's worker threads can abort the process (``terminate called without
+    an active exception``, exit code -6) after the run has finished its work
+    (pytorch/pytorch#190489).  The command line calls this when a command ends, on every rank; a
+    no-op on one process without ``torch.distributed``.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cloc_lightning import distributed as D
@@ -65,3 +67,36 @@ def test_gather_with_grad_equals_single_process_even_and_uneven() -> None:
             torch.testing.assert_close(res["grad"], grad[start : start + sizes[r]], rtol=1e-10, atol=1e-10)
             expected_labels = torch.cat([torch.arange(n) + 100 * i for i, n in enumerate(sizes)])
             assert torch.equal(res["labels"], expected_labels)
+
+
+def _one_rank_gloo_group() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    assert dist.is_initialized()
+
+
+def test_release_process_group_destroys_the_group_and_is_a_noop_without_one() -> None:
+    import torch.distributed as dist
+
+    D.release_process_group()  # nothing initialised: nothing to do
+    _one_rank_gloo_group()
+    D.release_process_group()
+    assert not dist.is_initialized()
+    D.release_process_group()
+
+
+def test_the_command_line_releases_the_process_group_whatever_way_it_ends(capsys: Any) -> None:
+    """A gloo group left to the interpreter's exit can abort a finished DDP run (exit -6): main() ends it."""
+    import torch.distributed as dist
+
+    from tests.conftest import cli_in_process
+
+    for args, code in ((["fit", "--help"], 0), (["fit", "--model", "NoSuchModule"], 2)):
+        _one_rank_gloo_group()
+        try:
+            got, _, _ = cli_in_process(args, capsys)
+            assert got == code, args
+            assert not dist.is_initialized(), args
+        finally:
+            D.release_process_group()
