@@ -283,6 +283,35 @@ def _plain_type_error(text: str) -> str:
     return f"expected {m.group(1)}, got {m.group(2)!r}" if m else text.strip()
 
 
+_LINKED_NUM_CLASSES = "linked: the data module's num_classes; a value given must equal it"
+
+
+def _linked_num_classes(action: argparse.Action) -> argparse.Action:
+    """``action`` as the help shows it: the model's ``num_classes`` is not required on the command line.
+
+    The CLI fills it from the data module (:meth:`CLOCLightningCLI.num_classes_from_data`), so
+    ``--model.help CEModule`` must not list it as ``(required)``; every other action is returned as is.
+    """
+    dest = action.dest or ""
+    if not (action.required and (dest == "model.init_args.num_classes" or "--model.num_classes" in action.option_strings)):
+        return action
+    shown = copy.copy(action)
+    shown.required = False
+    shown.default = argparse.SUPPRESS  # not "default: null": the link gives it
+    shown.help = f"{action.help or ''} ({_LINKED_NUM_CLASSES})".strip()
+    return shown
+
+
+class CLOCCLIHelpFormatter(CLOCHelpFormatter):
+    """:class:`CLOCHelpFormatter` that shows the model's ``num_classes`` as linked from the data module."""
+
+    def add_usage(self, usage: str | None, actions: Iterable[argparse.Action], groups: Iterable[Any], prefix: str | None = None) -> None:
+        super().add_usage(usage, [_linked_num_classes(a) for a in actions], groups, prefix)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(_linked_num_classes(action))
+
+
 class CLOCArgumentParser(LightningArgumentParser):
     """LightningCLI's parser with plain-text help (:class:`CLOCHelpFormatter`) and short parse errors.
 
@@ -295,7 +324,7 @@ class CLOCArgumentParser(LightningArgumentParser):
     full_errors = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", CLOCHelpFormatter)
+        kwargs.setdefault("formatter_class", CLOCCLIHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:

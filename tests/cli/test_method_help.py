@@ -82,6 +82,10 @@ def test_model_help_documents_every_option_with_the_methods_default(name: str, c
     assert set(options) == set(expected), (set(options) ^ set(expected))
     undocumented = [option for option, (description, _) in options.items() if not description]
     assert not undocumented, f"{name}: options without a description: {undocumented}"
+    if expected.get("num_classes", None) is inspect.Parameter.empty:
+        # required by the constructor, but the CLI links it from the data module: shown as linked, not "(required)"
+        description, shown = options.pop("num_classes")
+        assert "linked: the data module's num_classes" in description and shown == "", (name, description, shown)
     wrong = {o: (shown, _shown(expected[o])) for o, (_, shown) in options.items() if shown != _shown(expected[o])}
     assert not wrong, f"{name}: defaults shown vs the constructor's: {wrong}"
     for option, value in METHOD_DEFAULTS.get(cls, {}).items():  # the references' values, independently of the signature
