@@ -1,4 +1,4 @@
-"""Network building blocks: timm backbones, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
+"""Network building blocks: timm backbones, the one encoder registry, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
 
 from cloc_lightning.nn.backbones import apply_cifar_stem, create_backbone, infer_feature_dim
 from cloc_lightning.nn.ema import EMATarget, copy_module_state_, cosine_beta, ema_update_
