@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cloc_lightning.nn.backbones import create_backbone
+from cloc_lightning.nn.encoders import build_registered_encoder, encoder_feature_dim
 
 __all__ = [
     "MODULE_META_KEY",
@@ -429,7 +429,13 @@ def load_encoder_weights(encoder: nn.Module, enc: EncoderCheckpoint) -> None:
 
 
 def build_encoder(enc: EncoderCheckpoint) -> tuple[nn.Module, int]:
-    """``(encoder with the checkpoint's weights, feature_dim)``; the encoder is in eval mode."""
-    model, dim = create_backbone(enc.backbone or "", False, enc.cifar_stem, **enc.backbone_kwargs)
+    """``(encoder with the checkpoint's weights, feature_dim)``; the encoder is in eval mode.
+
+    The architecture is rebuilt by the ``"timm"`` builder of the one encoder registry
+    (:data:`~cloc_lightning.nn.encoders.ENCODER_BUILDERS`, the registry exported prototype
+    classifiers load through too).
+    """
+    model = build_registered_encoder("timm", backbone=enc.backbone or "", cifar_stem=enc.cifar_stem, backbone_kwargs=enc.backbone_kwargs)
+    dim = encoder_feature_dim(model)
     load_encoder_weights(model, enc)
     return model.eval(), dim

@@ -29,7 +29,7 @@ from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.helptext import CLOCHelpFormatter
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
-from cloc_lightning.nn.prototypes import PrototypeClassifier
+from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint
 
 __all__ = ["COMMANDS", "probe_main", "export_prototypes_main"]
@@ -107,7 +107,7 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
     (when the checkpoint holds the text encoder weights, CLIP is re-created with
     ``pretrained=None`` and filled from the checkpoint: no download), computes the R prototypes
     once and writes image encoder + prototypes
-    (:class:`~cloc_lightning.nn.prototypes.PrototypeClassifier`).
+    (:class:`~cloc_lightning.nn.prototype_classifier.PrototypeClassifier`).
     """
     parser = argparse.ArgumentParser(
         prog="cloc-lightning export-prototypes",

@@ -25,7 +25,7 @@ from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.methods.base import ClassifierModule
 from cloc_lightning.methods.defaults import method_defaults
-from cloc_lightning.nn.backbones import create_backbone
+from cloc_lightning.nn.encoders import build_registered_encoder, encoder_feature_dim
 from cloc_lightning.nn.online_probe import masked_cross_entropy
 
 __all__ = ["LinearProbeModule"]
@@ -160,7 +160,10 @@ class LinearProbeModule(ClassifierModule):
         timm model; its ``state_dict`` keys must match the checkpoint's encoder weights.
         """
         info = self._encoder_info
-        return create_backbone(info["backbone"], False, bool(info.get("cifar_stem", False)), **(info.get("backbone_kwargs") or {}))
+        encoder = build_registered_encoder(  # the "timm" builder of the one encoder registry, as checkpoints.build_encoder
+            "timm", backbone=info["backbone"], cifar_stem=bool(info.get("cifar_stem", False)), backbone_kwargs=info.get("backbone_kwargs")
+        )
+        return encoder, encoder_feature_dim(encoder)
 
     # ---------------------------------------------------------------- frozen encoder
     def train(self, mode: bool = True) -> LinearProbeModule:

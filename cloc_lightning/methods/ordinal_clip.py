@@ -13,7 +13,7 @@ the batch per rank (:class:`~cloc_lightning.losses.rank_prompt.OrdinalCLIPLoss`)
 the R prototypes are fixed vectors: :meth:`OrdinalCLIPModule.export_prototypes` (or
 ``cloc-lightning export-prototypes CKPT OUT``) writes the image encoder + an ``[R, D]`` matrix,
 which predicts at the cost of a linear head with no text encoder in memory
-(:class:`~cloc_lightning.nn.prototypes.PrototypeClassifier`).
+(:class:`~cloc_lightning.nn.prototype_classifier.PrototypeClassifier`).
 
 This module is one :class:`~cloc_lightning.methods.base.ClassifierModule`: ``forward(images)``
 returns ``[B, R]`` logits, so the shared ordinal metrics (argmax MAE, expected-rank MAE,
@@ -38,12 +38,12 @@ from cloc_lightning.methods.base import ClassifierModule
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
+from cloc_lightning.nn.encoders import ProjectedEncoder
 from cloc_lightning.nn.prompt_learner import InterpolationKind, RankPosition, RankPromptLearner, rank_interpolation_weights
+from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.nn.prototypes import (
     MAX_LOGIT_SCALE,
     LinearPrototypeHead,
-    ProjectedEncoder,
-    PrototypeClassifier,
     PrototypeHead,
     RankPromptHead,
     logits_to_predictions,
@@ -450,7 +450,7 @@ class OrdinalCLIPModule(ClassifierModule):
     def encoder_builder(self) -> dict[str, Any] | None:
         """How :meth:`PrototypeClassifier.load` re-creates this image encoder (None: pickle it).
 
-        ``{"name": <a builder of cloc_lightning.nn.prototypes.ENCODER_BUILDERS>, "kwargs": {...}}``.
+        ``{"name": <a builder of cloc_lightning.nn.encoders.ENCODER_BUILDERS>, "kwargs": {...}}``.
         """
         h = self.hparams
         if type(self).build_backbone is not OrdinalCLIPModule.build_backbone:
@@ -497,9 +497,9 @@ class OrdinalCLIPModule(ClassifierModule):
     ) -> PrototypeClassifier:
         """Write image encoder + ``[R, D]`` prototypes to ``path`` (no text encoder); return the classifier.
 
-        Load with :meth:`PrototypeClassifier.load(path) <cloc_lightning.nn.prototypes.PrototypeClassifier.load>`
+        Load with :meth:`PrototypeClassifier.load(path) <cloc_lightning.nn.prototype_classifier.PrototypeClassifier.load>`
         (CLIP visual towers and timm encoders are stored as state dicts + a builder registered in
-        :mod:`cloc_lightning.nn.prototypes`, loadable with ``weights_only=True``).
+        :mod:`cloc_lightning.nn.encoders`, loadable with ``weights_only=True``).
 
         Args:
             path: output file.

@@ -1,21 +1,14 @@
-"""Network building blocks: timm backbones, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
+"""Network building blocks: timm backbones, the one encoder registry, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
 
 from cloc_lightning.nn.backbones import apply_cifar_stem, create_backbone, infer_feature_dim
 from cloc_lightning.nn.ema import EMATarget, copy_module_state_, cosine_beta, ema_update_
+from cloc_lightning.nn.encoders import ENCODER_BUILDERS, ProjectedEncoder, build_registered_encoder, register_encoder_builder
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, knn_predict
 from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights
-from cloc_lightning.nn.prototypes import (
-    ENCODER_BUILDERS,
-    LinearPrototypeHead,
-    ProjectedEncoder,
-    PrototypeClassifier,
-    PrototypeHead,
-    RankPromptHead,
-    logits_to_predictions,
-    register_encoder_builder,
-)
+from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
+from cloc_lightning.nn.prototypes import LinearPrototypeHead, PrototypeHead, RankPromptHead, logits_to_predictions
 from cloc_lightning.nn.text_encoder import FrozenTextEncoder
 
 __all__ = [
@@ -25,6 +18,11 @@ __all__ = [
     "create_backbone",
     "infer_feature_dim",
     "MLPHead",
+    # rebuilding an image encoder from a record (checkpoints, exported classifiers): the one registry
+    "ENCODER_BUILDERS",
+    "register_encoder_builder",
+    "build_registered_encoder",
+    "ProjectedEncoder",
     # pre-training components: online evaluation (linear probe + kNN) and the EMA target
     "OnlineEvaluator",
     "OnlineLinearProbe",
@@ -41,9 +39,6 @@ __all__ = [
     "PrototypeHead",
     "RankPromptHead",
     "LinearPrototypeHead",
-    "ProjectedEncoder",
     "PrototypeClassifier",
     "logits_to_predictions",
-    "ENCODER_BUILDERS",
-    "register_encoder_builder",
 ]

@@ -299,7 +299,8 @@ def build_open_clip_visual(
     """Build (randomly initialised) the visual tower of an open_clip architecture, without its text tower.
 
     Used to re-create an exported image encoder before loading its state dict
-    (see :class:`cloc_lightning.nn.prototypes.PrototypeClassifier`).
+    (the ``"open_clip_visual"`` builder of :mod:`cloc_lightning.nn.encoders`; see
+    :class:`cloc_lightning.nn.prototype_classifier.PrototypeClassifier`).
 
     Args:
         clip_model: open_clip model name whose ``embed_dim`` / ``vision_cfg`` / ``quick_gelu`` are used.

@@ -14,8 +14,8 @@ are linear interpolations of B ≤ R learnable *base* rank embeddings
 (:func:`rank_interpolation_weights`), which builds the order of the ranks into the prompts (the
 paper's "learnable rank embeddings" with interpolation).
 
-The prototype heads and the exported :class:`~cloc_lightning.nn.prototypes.PrototypeClassifier`
-live in :mod:`cloc_lightning.nn.prototypes`.
+The prototype heads live in :mod:`cloc_lightning.nn.prototypes`, the exported
+:class:`~cloc_lightning.nn.prototype_classifier.PrototypeClassifier` in :mod:`cloc_lightning.nn.prototype_classifier`.
 """
 
 from __future__ import annotations

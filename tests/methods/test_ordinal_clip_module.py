@@ -22,13 +22,9 @@ from cloc_lightning.data import OrdinalShapesDataModule  # noqa: E402
 from cloc_lightning.hub import PretrainedUnavailableError  # noqa: E402
 from cloc_lightning.losses.rank_prompt import ordinal_clip_loss  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
-from cloc_lightning.nn.prototypes import (  # noqa: E402
-    MAX_LOGIT_SCALE,
-    LinearPrototypeHead,
-    ProjectedEncoder,
-    PrototypeClassifier,
-    RankPromptHead,
-)
+from cloc_lightning.nn.encoders import ProjectedEncoder  # noqa: E402
+from cloc_lightning.nn.prototype_classifier import PrototypeClassifier  # noqa: E402
+from cloc_lightning.nn.prototypes import MAX_LOGIT_SCALE, LinearPrototypeHead, RankPromptHead  # noqa: E402
 from cloc_lightning.nn.text_encoder import FrozenTextEncoder  # noqa: E402
 from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, linked_model_args, run_cli  # noqa: E402
 
