@@ -253,8 +253,10 @@ def case_16bit_png(a: Audit) -> dict[str, Any]:
     values = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # a 16-bit ramp over the full range
     Image.fromarray(values).save(path)
     true = float((np.round(values / 257.0) >= 250).mean())
-    code = ("from cloc_lightning.data.base import ImageFileDataset as D; import torch; "
-            "import numpy as np; "
+    code = ("try:\n    from cloc_lightning.data.datasets import ImageFileDataset as D\n"
+            "except ImportError:  # a checkout from before data/base.py was split\n"
+            "    from cloc_lightning.data.base import ImageFileDataset as D\n"
+            "import torch; import numpy as np; "
             f"x=np.asarray(D([{str(path)!r}], [0]).load(0)); print(float((x >= 250).mean()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
     share = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]

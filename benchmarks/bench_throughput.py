@@ -776,7 +776,7 @@ def pipeline_specs() -> dict[str, tuple[str, Callable[[int], Callable[[Any], Any
 def pipeline_bench(chunks: dict[int, int], repeats: int, max_seconds: float | None = None) -> dict[str, Any]:
     """Per size (``{size: items per timed chunk}``): ms per item of decoding and of each pipeline's augmentation
     in this process (1 thread); each size stops adding repeats after ``max_seconds`` (at least 3)."""
-    from cloc_lightning.data.base import ImageFileDataset
+    from cloc_lightning.data.datasets import ImageFileDataset
 
     torch.manual_seed(0)
     specs = pipeline_specs()

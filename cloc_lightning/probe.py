@@ -157,11 +157,11 @@ def extract_features(
 def labelled_loader(loader: DataLoader[Any]) -> DataLoader[Any]:
     """``loader`` restricted to its labelled samples (for probes on STL-10 ``train+unlabeled``).
 
-    Works on our data modules' loaders (a :class:`~cloc_lightning.data.base.TransformedSubset`
+    Works on our data modules' loaders (a :class:`~cloc_lightning.data.datasets.TransformedSubset`
     dataset); other loaders are returned unchanged (:func:`extract_features` drops
     unlabelled rows anyway, after computing them).
     """
-    from cloc_lightning.data.base import TransformedSubset
+    from cloc_lightning.data.datasets import TransformedSubset
 
     ds = loader.dataset
     if not isinstance(ds, TransformedSubset):

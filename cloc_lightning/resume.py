@@ -14,7 +14,7 @@ callback states.  What they lack, and where this module puts it back:
   seen; :class:`ResumeState` restores it just before training resumes;
 * **the augmentations** -- the training set draws sample ``i``'s augmentation in epoch ``e``
   from ``(seed, e, i)`` alone (:func:`sample_rng`, used by
-  :class:`~cloc_lightning.data.base.TransformedSubset`), so it does not matter which loader
+  :class:`~cloc_lightning.data.datasets.TransformedSubset`), so it does not matter which loader
   worker draws a sample, how many workers there are, or when they were started;
 * **the global generators** (torch CPU/CUDA, NumPy, Python ``random``: dropout masks and
   anything else drawn in the training step) -- :class:`ResumeState` stores them in every
@@ -188,7 +188,7 @@ class ResumableDataLoader(DataLoader[Any]):
 
     At the start of every pass, before any index reaches a worker, the sampler's epoch is
     passed to the dataset's ``set_epoch`` (when it has one:
-    :class:`~cloc_lightning.data.base.TransformedSubset` with a ``seed``), so the
+    :class:`~cloc_lightning.data.datasets.TransformedSubset` with a ``seed``), so the
     augmentations are epoch ``e``'s in every worker process as well; a sampler without an
     ``epoch`` attribute counts the passes instead.
     """

@@ -3,7 +3,7 @@
 One place for the checks so that every bad value gets the same kind of message: what
 the argument must be, what it got, and (``hint``) how to fix it.  Type problems raise
 :class:`TypeError`, bad values :class:`ValueError`; data-module code wraps them in its
-own :class:`~cloc_lightning.data.base.DataConfigError` where it needs to.
+own :class:`~cloc_lightning.data.errors.DataConfigError` where it needs to.
 
 Choices are derived once from the ``Literal`` types the signatures already carry, so a
 new option is added in one place (the type) and both LightningCLI and the checks see it::

@@ -43,6 +43,22 @@ LAYERS = {
     "hub": 9,
 }
 
+#: inside ``data/``: module -> layer (0 = top), the same rule one level down: the concrete data modules stand on
+#: ``BaseDataModule``, which stands on the datasets, transforms and evaluation sharding, which stand on the label /
+#: CSV / split helpers and the one error type; a helper never imports a data module
+DATA_LAYERS = {
+    "folder": 0,
+    "utkface": 0,
+    "torchvision_sets": 0,
+    "synthetic": 0,
+    "base": 1,
+    "datasets": 2,
+    "transforms": 2,
+    "eval_sharding": 2,
+    "tables": 3,
+    "errors": 4,
+}
+
 
 def _module_files(root: Path) -> dict[str, Path]:
     """Dotted module name -> source file, for every module of the package under ``root`` (a package: its ``__init__``)."""
@@ -162,6 +178,21 @@ def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
 def test_imports_point_down() -> None:
     upward = upward_imports(import_graph())
     assert not upward, "imports that point up the layers (see docs/extending.md, Architecture):\n" + "\n".join(upward)
+
+
+def test_data_helpers_never_import_a_data_module() -> None:
+    """``data/``'s modules follow :data:`DATA_LAYERS`: every one has a layer there and imports only its own or lower ones."""
+    graph = import_graph()
+    prefix = f"{PACKAGE}.data."
+    modules = {m.removeprefix(prefix) for m in graph if m.startswith(prefix)}
+    assert modules == set(DATA_LAYERS), f"data/ modules without a layer in DATA_LAYERS: {sorted(modules - set(DATA_LAYERS))}"
+    upward = [
+        f"{prefix}{m}:{line} imports {target}"
+        for m in sorted(modules)
+        for target, line in sorted(graph[prefix + m].items())
+        if target.startswith(prefix) and DATA_LAYERS[target.removeprefix(prefix)] < DATA_LAYERS[m]
+    ]
+    assert not upward, "data/ imports that point up (see DATA_LAYERS):\n" + "\n".join(upward)
 
 
 def test_no_import_cycles() -> None:

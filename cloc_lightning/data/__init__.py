@@ -2,9 +2,11 @@
 
 from typing import TYPE_CHECKING
 
-from cloc_lightning.data.base import BaseDataModule, DataConfigError, hash_split
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.folder import CSVDataModule, ImageFolderDataModule
 from cloc_lightning.data.synthetic import OrdinalShapesDataModule, make_ordinal_shapes
+from cloc_lightning.data.tables import hash_split
 from cloc_lightning.data.torchvision_sets import CIFAR10DataModule, CIFAR100DataModule, STL10DataModule
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
 from cloc_lightning.data.utkface import DEFAULT_AGE_BINS, UTKFaceDataModule, parse_utkface_name

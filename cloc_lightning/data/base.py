@@ -1,7 +1,8 @@
-"""The shared LightningDataModule base and the datasets it wraps.
+"""The shared LightningDataModule base: loaders, transforms, subsampling, predict sets.
 
 A data module here builds three *labelled base sets* (train/val/test) that return
-raw images (PIL or ``uint8`` tensors) and integer labels; the base class applies
+raw images (PIL or ``uint8`` tensors) and integer labels (the datasets of
+:mod:`cloc_lightning.data.datasets`); the base class applies
 training-set subsampling (few-shot cap, fraction, per-class down-weighting for
 label-distribution shift), the transforms (single view, or the multi-view hook
 ``train_views``) and builds the loaders.
@@ -15,32 +16,28 @@ without labels) yields image batches ``[B, 3, H, W]`` alone.
 Exact resume (:mod:`cloc_lightning.resume`): the training loader is a
 :class:`~cloc_lightning.resume.ResumableDataLoader` over an
 :class:`~cloc_lightning.resume.EpochShuffleSampler` (order of epoch ``e`` from ``(seed, e)``),
-and the training set a :class:`TransformedSubset` with a ``seed`` (augmentation of sample
+and the training set a :class:`~cloc_lightning.data.datasets.TransformedSubset` with a ``seed`` (augmentation of sample
 ``i`` in epoch ``e`` from ``(seed, e, i)``), whichever loader worker draws it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import hashlib
 import logging
 import os
-import re
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, BadFiles, ImageFileDataset, LabelledDataset, TransformedSubset
+from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
+from cloc_lightning.data.tables import CSVRows, hash_fraction, integer_label, read_csv_rows
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -51,443 +48,12 @@ from cloc_lightning.data.transforms import (
     train_transform,
 )
 from cloc_lightning.metrics import Task
-from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler, ResumableDataLoader, sample_rng
+from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler, ResumableDataLoader
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "BaseDataModule",
-    "LabelledDataset",
-    "ImageFileDataset",
-    "TensorImageDataset",
-    "TransformedSubset",
-    "hash_fraction",
-    "hash_split",
-    "IMAGE_EXTENSIONS",
-    "DataConfigError",
-    "config_errors",
-    "check_val_fraction",
-    "BadFiles",
-    "integer_label",
-    "class_order",
-    "CSVRows",
-    "read_csv_rows",
-    "to_rgb",
-]
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".gif")
-#: what file-based sets do with an unreadable image: stop with its name, or warn and take the next one
-BadFiles = Literal["raise", "skip"]
-
-
-class DataConfigError(ValueError):
-    """The data (root, files, labels, split) cannot be used as configured; the message names the fix."""
-
-
-@contextlib.contextmanager
-def config_errors() -> Iterator[None]:
-    """Argument checks (:mod:`cloc_lightning.validation`) in the block raise :class:`DataConfigError`.
-
-    A data module's bad argument is a configuration error like a missing folder, so every
-    one of them is a :class:`DataConfigError` (a ``ValueError``) with the check's message.
-    """
-    try:
-        yield
-    except DataConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise DataConfigError(str(e)) from e
-
-
-def check_val_fraction(value: Any) -> float:
-    """``val_fraction`` in ``[0, 1)`` (a share of the training data held out), else a :class:`DataConfigError`."""
-    with config_errors():
-        return check_float("val_fraction", value, minimum=0.0, maximum=1.0, strict_maximum=True,
-                           expect="in [0, 1)", hint="0 = validate on the test set")
-
-
-def hash_fraction(key: str, salt: str = "") -> float:
-    """A deterministic number in [0, 1) from ``key`` (md5; independent of file order or OS)."""
-    digest = hashlib.md5((salt + key).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def hash_split(keys: Sequence[str], fractions: Sequence[float], salt: str = "") -> list[int]:
-    """Assign each key to split ``0..len(fractions)-1`` by :func:`hash_fraction`.
-
-    ``fractions`` are normalised to sum to 1.  The assignment of a key never
-    depends on the other keys, so adding files does not move existing ones.
-    """
-    f = np.asarray(fractions, dtype=np.float64)
-    if (f < 0).any() or f.sum() <= 0:
-        raise DataConfigError(f"split fractions must be >= 0 with a positive sum, got {list(fractions)}")
-    edges = np.cumsum(f / f.sum())
-    last = len(f) - 1
-    return [min(int(np.searchsorted(edges, hash_fraction(k, salt), side="right")), last) for k in keys]
-
-
-_INTEGER = re.compile(r"^[+-]?\d+(\.0*)?$")
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-_DIGITS = re.compile(r"(\d+)")
-
-
-def integer_label(value: str) -> int | None:
-    """The integer a label names (``'3'``, ``'-1'``, ``'3.0'``), or ``None`` when it names no integer."""
-    text = value.strip()
-    return int(float(text)) if _INTEGER.match(text) else None
-
-
-def is_number(value: str) -> bool:
-    """Whether a label is written as a (finite) number: ``'2'``, ``'2.5'``, ``'.5'``, ``'1e3'``."""
-    return bool(_NUMBER.match(value.strip()))
-
-
-def _natural_key(name: str) -> tuple[tuple[int, ...], str]:
-    """``'15-24'`` -> ``((15, 24), '-')``: the numbers in a name, compared as numbers, then the rest."""
-    parts = _DIGITS.split(name)
-    return tuple(int(p) for p in parts[1::2]), "".join(parts[0::2])
-
-
-def _shown(names: Sequence[str], limit: int = 12) -> str:
-    """``[a, b, c]`` (YAML flow style, as typed on the command line), shortened after ``limit`` names."""
-    head = ", ".join(names[:limit])
-    return f"[{head}{', ...' if len(names) > limit else ''}]"
-
-
-def class_order(labels: Sequence[str], task: Task, *, noun: str, where: str, key: str) -> list[str]:
-    """The class order of distinct labels that came without one (CSV labels, class folder names).
-
-    * ``nominal``: sorted (the order of nominal classes carries no meaning), as always;
-    * ``ordinal``, every label a number: by value (``2 < 10``, ``0.5 < 1.5``);
-    * ``ordinal``, every label starting with a number: naturally, the numbers in the names
-      compared as numbers (``0-3 < 4-7 < 15-24 < 60+``);
-    * ``ordinal`` otherwise (or two names with the same numbers): a :class:`DataConfigError`
-      naming the labels and ``key`` (the argument that gives the rank order) -- for ordinal
-      data the order is the label, so it is never guessed from the spelling.
-
-    ``noun`` and ``where`` name the labels in the message (``"string labels"``, ``"in the
-    'label' column of 'x.csv'"``).
-    """
-    found = sorted(labels)
-    if task != "ordinal":
-        return found
-    if all(is_number(v) for v in found):
-        return sorted(found, key=lambda v: (float(v), v))
-    unnumbered = [v for v in found if not v[:1].isdigit()]
-    if not unnumbered:
-        ordered = sorted(found, key=_natural_key)
-        numbers = [_natural_key(v)[0] for v in ordered]
-        if len(set(numbers)) == len(numbers):
-            return ordered
-        reason = "some differ only in their words, so their numbers do not rank them"
-    elif len(unnumbered) < len(found):
-        reason = f"{unnumbered[:5]}{' ...' if len(unnumbered) > 5 else ''} do not start with a number to rank them by"
-    else:
-        reason = "none starts with a number to rank them by"
-    raise DataConfigError(
-        f"task is ordinal but the {noun} {found[:12]}{' ...' if len(found) > 12 else ''} {where} have no order "
-        f"({reason}), and an alphabetical rank would be wrong; give data.{key} with these {len(found)} labels in rank "
-        f"order, lowest first, e.g. --data.{key} '{_shown(found)}' rearranged into rank order (or set data.task: "
-        "nominal if the classes have no order)"
-    )
-
-
-@dataclass(frozen=True)
-class CSVRows:
-    """The rows of a CSV file with a header row, as :func:`read_csv_rows` read them."""
-
-    #: the CSV file
-    path: Path
-    #: the header's column names, stripped of surrounding white space
-    columns: list[str]
-    #: one ``{column: value}`` per row, values stripped ('' where a row has fewer fields than the header)
-    rows: list[dict[str, str]]
-    #: the CSV line number of each row (blank lines skipped), as error messages name the rows
-    lines: list[int]
-
-    def files(self, column: str, base: Path) -> list[str]:
-        """The paths of ``column``, relative to ``base`` (absolute paths stay as they are)."""
-        return [str(base / r[column]) for r in self.rows]
-
-    def missing(self, files: Sequence[str], column: str) -> list[int]:
-        """The indices of the rows whose path (``column``; its file in ``files``) is empty or not a file."""
-        return [i for i, (r, f) in enumerate(zip(self.rows, files, strict=True)) if not r[column] or not os.path.isfile(f)]
-
-    def describe(self, indices: Sequence[int], column: str, label: str | None = None, limit: int = 5) -> str:
-        """``line <n>: '<path>'`` (with ``label``: ``... (label '<v>')``) for the first ``limit`` of the rows
-        ``indices``, then ``; ... and <k> more row(s)``."""
-        shown = "; ".join(
-            f"line {self.lines[i]}: {self.rows[i][column]!r}" + (f" (label {self.rows[i][label]!r})" if label else "")
-            for i in indices[:limit]
-        )
-        return shown + (f"; ... and {len(indices) - limit} more row(s)" if len(indices) > limit else "")
-
-
-def read_csv_rows(
-    path: Path, columns: Sequence[str], *, name: str, fix: str, no_column: str, no_rows_fix: str = ""
-) -> CSVRows:
-    """Read the CSV file ``path`` (a header row, then one row per line) that must have ``columns``.
-
-    Column names and values are stripped of surrounding white space; a row with fewer fields
-    than the header reads '' for the rest, one with more has the extra fields ignored.
-
-    Args:
-        path: the CSV file.
-        columns: the column names it must have.
-        name: how error messages name the file (``"CSV file"``, ``"predict_root CSV"``).
-        fix: what to do when the file does not exist (the end of that message).
-        no_column: the message for a missing column, a ``str.format`` template with the fields
-            ``path``, ``column`` and ``columns`` (the header's names).
-        no_rows_fix: what to do when the file has no rows ('' for nothing).
-
-    Raises:
-        DataConfigError: the file does not exist, lacks one of ``columns`` or has no rows.
-    """
-    if not path.is_file():
-        raise DataConfigError(f"{name} {str(path)!r} does not exist; {fix}")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        header = [c.strip() for c in reader.fieldnames or []]
-        for column in columns:
-            if column not in header:
-                raise DataConfigError(no_column.format(path=str(path), column=column, columns=header))
-        rows, lines = [], []
-        for row in reader:
-            rows.append({k.strip(): (v or "").strip() for k, v in row.items() if isinstance(k, str)})
-            lines.append(reader.line_num)
-    if not rows:
-        raise DataConfigError(f"{name} {str(path)!r} has no rows" + (f"; {no_rows_fix}" if no_rows_fix else ""))
-    return CSVRows(path, header, rows, lines)
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """``img`` as 8-bit RGB, converted by its real range.
-
-    PIL's own ``convert('RGB')`` clips 16- and 32-bit integer pixels to 255, so a 16-bit
-    grayscale PNG (mode ``I;16``) turns almost white.  Here 16-bit modes are divided by 257
-    (65535 -> 255); mode ``I`` (PNG's 16-bit grayscale in some Pillow versions, 32-bit TIFFs)
-    is 16-bit when the file is a PNG or its values fit in 16 bits, else scaled from its
-    32-bit range.  Every other mode goes through ``convert('RGB')``.
-    """
-    if img.mode.startswith("I;16"):
-        depth = 65535.0
-    elif img.mode == "I":
-        values = np.asarray(img)
-        depth = 65535.0 if img.format == "PNG" or int(values.max(initial=0)) <= 65535 else float(2**31 - 1)
-    else:
-        return img.convert("RGB")
-    scaled = np.asarray(img).astype(np.float64) * (255.0 / depth)
-    gray = np.clip(np.round(scaled), 0, 255).astype(np.uint8)
-    return Image.fromarray(gray).convert("RGB")
-
-
-class LabelledDataset(Dataset[Any]):
-    """A dataset of ``(raw image, int label)`` with a ``targets`` list (base sets).
-
-    ``labelled`` is ``False`` for sets without labels (a ``predict_root`` folder): their
-    ``targets`` are ``-1`` and :class:`TransformedSubset` yields the images alone.
-    """
-
-    targets: list[int]
-    labelled: bool = True
-
-    def load(self, index: int) -> Any:
-        """The raw image at ``index`` (PIL image or uint8 tensor [3, H, W])."""
-        raise NotImplementedError
-
-    def describe(self, index: int) -> str:
-        """A human-readable name of the sample (file path) for error messages."""
-        return f"sample {index}"
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        return self.load(index), self.targets[index]
-
-
-class TensorImageDataset(LabelledDataset):
-    """Images held in memory as a ``uint8`` tensor ``[N, 3, H, W]``."""
-
-    def __init__(self, images: torch.Tensor, targets: Sequence[int]) -> None:
-        if images.dtype != torch.uint8 or images.ndim != 4:
-            raise ValueError(f"images must be uint8 [N, 3, H, W], got {images.dtype} {tuple(images.shape)}")
-        self.images = images
-        self.targets = [int(t) for t in targets]
-
-    def load(self, index: int) -> torch.Tensor:
-        return self.images[index]
-
-
-#: what PIL raises for an unreadable or corrupt image file
-_UNREADABLE = (OSError, ValueError, SyntaxError)
-
-
-class ImageFileDataset(LabelledDataset):
-    """Image files with labels, read with PIL and converted to RGB.
-
-    ``targets``: one integer label per file, or ``None`` for unlabelled files
-    (``labelled`` is then ``False`` and every target ``-1``).
-    ``bad_files``: ``'raise'`` (default) stops with the file's name when a file
-    cannot be read; ``'skip'`` warns (with a running count) and returns the next
-    readable sample instead.  That substitution is for training sets; the data modules
-    leave the unreadable files out of evaluation sets before loading them
-    (:meth:`unreadable`), so metrics and prediction rows cover exactly the readable files.
-    """
-
-    def __init__(self, files: Sequence[str], targets: Sequence[int] | None, bad_files: BadFiles = "raise") -> None:
-        if targets is not None and len(files) != len(targets):
-            raise ValueError("files and targets differ in length")
-        with config_errors():
-            check_choice("bad_files", bad_files, BadFiles)
-        self.files = list(files)
-        self.labelled = targets is not None
-        self.targets = [int(t) for t in targets] if targets is not None else [-1] * len(self.files)
-        self.bad_files = bad_files
-        self.skipped = 0
-
-    def describe(self, index: int) -> str:
-        return self.files[index]
-
-    def unreadable(self) -> list[int]:
-        """The indices whose file PIL cannot decode, in order.
-
-        Decodes every file once (threads: PIL releases the GIL while it decodes).
-        """
-        from concurrent.futures import ThreadPoolExecutor
-
-        def bad(i: int) -> bool:
-            try:
-                self.load(i)
-            except _UNREADABLE:
-                return True
-            return False
-
-        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            flags = list(pool.map(bad, range(len(self.files)), chunksize=64))
-        return [i for i, f in enumerate(flags) if f]
-
-    def load(self, index: int) -> Image.Image:
-        with Image.open(self.files[index]) as img:
-            return to_rgb(img)
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        n = len(self.files)
-        for attempt in range(min(n, 100)):
-            i = (index + attempt) % n
-            try:
-                return self.load(i), self.targets[i]
-            except _UNREADABLE as e:
-                if self.bad_files == "raise":
-                    raise RuntimeError(
-                        f"Cannot read image {self.files[i]!r} ({type(e).__name__}: {e}). "
-                        "Fix or remove the file, or set data bad_files: skip to skip unreadable files with a warning."
-                    ) from e
-                self.skipped += 1
-                warnings.warn(f"skipping unreadable image {self.files[i]!r} ({self.skipped} skipped so far in this process)", stacklevel=2)
-        raise RuntimeError(f"100 consecutive unreadable images starting at {self.files[index]!r}; check the data folder")
-
-
-def _shared_epoch() -> torch.Tensor:
-    """A one-element int64 tensor in shared memory (the epoch that loader workers read)."""
-    epoch = torch.zeros(1, dtype=torch.int64)
-    epoch.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-    return epoch
-
-
-class TransformedSubset(LabelledDataset):
-    """``base`` restricted to ``indices``, with ``transform`` applied to the images.
-
-    Without a ``transform`` it is itself a base set (a :class:`LabelledDataset`: raw image
-    and ``int`` label, e.g. a held-out validation split).  With one, item ``i`` is
-    ``(transform(image), label tensor)``, or the transformed image alone when the base set is
-    unlabelled.
-
-    With a ``seed`` (the training set) every sample's random transform is a function of
-    ``(seed, epoch, base index)`` alone: ``__getitem__`` runs it inside
-    :func:`cloc_lightning.resume.sample_rng`, so it does not matter which loader worker draws
-    the sample, how many workers there are, or whether the run was resumed from a checkpoint,
-    and the calling process's global generator is left as it was (``num_workers: 0``).  The
-    epoch lives in a one-element shared-memory tensor, so :meth:`set_epoch` in the main
-    process reaches persistent worker processes (fork or spawn) before they load the
-    epoch's first sample; :class:`~cloc_lightning.resume.ResumableDataLoader` calls it at the
-    start of every pass.  A copy unpickled in another process that sets epochs itself (a
-    ``ddp_spawn`` rank) switches to a shared tensor of its own at its first :meth:`set_epoch`,
-    before its workers start, so two processes never share one epoch.
-    Transforms must draw from torch's generator (every torchvision v2 transform does,
-    so do the pipelines of :mod:`cloc_lightning.data.transforms`); Python's ``random`` and
-    NumPy's global generator are not seeded per sample.
-
-    Args:
-        base: the base set (raw images, labels).
-        indices: the base indices kept, in order (``None``: all).
-        transform: raw image -> tensor (or list of view tensors); ``None``: raw images.
-        seed: per-sample seeding of ``transform`` (see above); ``None`` (evaluation sets)
-            draws from the process's global generator as usual.
-    """
-
-    def __init__(
-        self,
-        base: LabelledDataset,
-        indices: Sequence[int] | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        seed: int | None = None,
-    ) -> None:
-        self.base = base
-        self.indices = list(range(len(base))) if indices is None else list(indices)
-        self.targets = [base.targets[i] for i in self.indices]
-        self.labelled = bool(getattr(base, "labelled", True))
-        self.transform = transform
-        self.seed = None if seed is None else int(seed)
-        self._epoch = _shared_epoch() if seed is not None else None
-        self._epoch_owner = os.getpid()
-
-    @property
-    def epoch(self) -> int:
-        """The epoch whose augmentations ``__getitem__`` draws (0 without a ``seed``)."""
-        return int(self._epoch.item()) if self._epoch is not None else 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Draw epoch ``epoch``'s augmentations from now on, in this process and in its loader workers."""
-        if self._epoch is None:
-            return
-        if self._epoch_owner != os.getpid():  # unpickled from another process that may still use its tensor
-            self._epoch = _shared_epoch()
-            self._epoch_owner = os.getpid()
-        self._epoch.fill_(int(epoch))
-
-    def load(self, index: int) -> Any:
-        """The raw image of sample ``index``."""
-        return self.base.load(self.indices[index])
-
-    def describe(self, index: int) -> str:
-        """The base set's name of sample ``index`` (its file path, or ``sample <base index>`` in memory)."""
-        return self.base.describe(self.indices[index])
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> Any:
-        index = self.indices[i]
-        image, label = self.base[index]
-        if self.transform is None:
-            return image, label
-        if self.seed is None:
-            out = self.transform(image)
-        else:
-            with sample_rng(self.seed, self.epoch, index):
-                out = self.transform(image)
-        if not self.labelled:
-            return out
-        return out, torch.tensor(label, dtype=torch.long)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # a plain pickle / deepcopy copies the epoch tensor out of shared memory: share the copy again so that
-        # this copy's own loader workers see its set_epoch (torch.multiprocessing pickling keeps it shared)
-        self.__dict__.update(state)
-        if self._epoch is not None and not self._epoch.is_shared():  # type: ignore[no-untyped-call]
-            self._epoch.share_memory_()  # type: ignore[no-untyped-call]
+__all__ = ["BaseDataModule"]
 
 
 #: ``rrc_scale`` default: RandomResizedCrop keeps 50-100 % of the image area

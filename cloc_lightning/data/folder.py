@@ -7,21 +7,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cloc_lightning.data.base import (
-    IMAGE_EXTENSIONS,
-    BaseDataModule,
-    CSVRows,
-    DataConfigError,
-    ImageFileDataset,
-    LabelledDataset,
-    check_val_fraction,
-    class_order,
-    config_errors,
-    hash_split,
-    integer_label,
-    is_number,
-    read_csv_rows,
-)
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
+from cloc_lightning.data.errors import DataConfigError, check_val_fraction, config_errors
+from cloc_lightning.data.tables import CSVRows, class_order, hash_split, integer_label, is_number, read_csv_rows
 from cloc_lightning.metrics import Task
 from cloc_lightning.validation import check_choice, check_int
 
@@ -221,7 +210,7 @@ class CSVDataModule(BaseDataModule):
         self._integer_labels = False
 
     def _read(self) -> CSVRows:
-        """The CSV's rows (read once; :func:`~cloc_lightning.data.base.read_csv_rows`)."""
+        """The CSV's rows (read once; :func:`~cloc_lightning.data.tables.read_csv_rows`)."""
         if self._table is None:
             self._table = read_csv_rows(
                 Path(os.path.expanduser(self.csv_path)), [c for c in self.columns if c is not None], name="CSV file",
@@ -240,7 +229,7 @@ class CSVDataModule(BaseDataModule):
         """Label -> class index, for every distinct (stripped) label of the label column.
 
         Integer labels (``3``, also written ``3.0``) are class indices; other labels are names,
-        ordered by ``class_names``, else by :func:`~cloc_lightning.data.base.class_order`
+        ordered by ``class_names``, else by :func:`~cloc_lightning.data.tables.class_order`
         (ordinal: by value or by their leading numbers, otherwise an error asking for
         ``class_names``; nominal: sorted).  A non-integer number among integer labels (``2.5``
         in ``0..11``) is an error naming its rows.

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from cloc_lightning.data.base import BaseDataModule, LabelledDataset, TensorImageDataset, config_errors
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.datasets import LabelledDataset, TensorImageDataset
+from cloc_lightning.data.errors import config_errors
 from cloc_lightning.validation import check_float, check_int
 
 __all__ = ["make_ordinal_shapes", "OrdinalShapesDataModule"]

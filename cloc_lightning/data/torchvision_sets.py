@@ -6,7 +6,7 @@ so a folder torchvision (or SupContrast / solo-learn) already downloaded is used
 is.  When the files are absent and ``download=True``, torchvision's downloader
 fetches and verifies the archive; without internet access this fails within seconds
 (a reachability check with a short timeout comes first) with a
-:class:`~cloc_lightning.data.base.DataConfigError` that names the fixes: put the
+:class:`~cloc_lightning.data.errors.DataConfigError` that names the fixes: put the
 files under ``root``, or use :class:`~cloc_lightning.data.ImageFolderDataModule` on a
 JPEG copy (e.g. ``../shared/data/cifar10``).
 
@@ -33,17 +33,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from cloc_lightning.data.base import (
-    BaseDataModule,
-    DataConfigError,
-    LabelledDataset,
-    TensorImageDataset,
-    TransformedSubset,
-    check_val_fraction,
-    config_errors,
-    hash_fraction,
-    hash_split,
-)
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.datasets import LabelledDataset, TensorImageDataset, TransformedSubset
+from cloc_lightning.data.errors import DataConfigError, check_val_fraction, config_errors
+from cloc_lightning.data.tables import hash_fraction, hash_split
 from cloc_lightning.data.transforms import CIFAR_MEAN, CIFAR_STD
 from cloc_lightning.validation import check_choice, check_float
 

@@ -17,15 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from cloc_lightning.data.base import (
-    IMAGE_EXTENSIONS,
-    BaseDataModule,
-    DataConfigError,
-    ImageFileDataset,
-    LabelledDataset,
-    config_errors,
-    hash_split,
-)
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
+from cloc_lightning.data.errors import DataConfigError, config_errors
+from cloc_lightning.data.tables import hash_split
 from cloc_lightning.validation import check_choice
 
 __all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS", "LabelMode"]

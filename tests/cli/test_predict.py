@@ -23,7 +23,7 @@ from PIL import Image
 
 from cloc_lightning.callbacks import PredictionWriter
 from cloc_lightning.data import OrdinalShapesDataModule
-from cloc_lightning.data.base import DataConfigError
+from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.methods import CEModule
 from tests.conftest import TINY_BACKBONE, run_cli
 

@@ -18,7 +18,6 @@ from cloc_lightning.data import (
     OrdinalShapesDataModule,
     SupConViews,
     UTKFaceDataModule,
-    hash_split,
     make_ordinal_shapes,
     parse_utkface_name,
 )
@@ -75,16 +74,6 @@ def test_utkface_split_is_deterministic_and_stable(tmp_path: Path) -> None:
     # labels follow the bins
     for f, y in zip(dm1.train_set.base.files, dm1.train_set.base.targets, strict=True):
         assert y == dm1.age_to_label(parse_utkface_name(f)["age"])
-
-
-def test_hash_split_fractions() -> None:
-    keys = [f"f{i}.jpg" for i in range(4000)]
-    split = hash_split(keys, (0.7, 0.1, 0.2))
-    counts = np.bincount(split, minlength=3) / len(keys)
-    assert np.allclose(counts, [0.7, 0.1, 0.2], atol=0.03)
-    assert hash_split(keys[:10], (0.7, 0.1, 0.2)) == split[:10]
-    with pytest.raises(DataConfigError, match="fractions"):
-        hash_split(keys, (0, 0))
 
 
 def test_few_shot_fraction_and_class_shift() -> None:

@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import copy
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import pytest
 import torch
 
 from cloc_lightning.data import OrdinalShapesDataModule
-from cloc_lightning.data.base import TransformedSubset
+from cloc_lightning.data.datasets import TransformedSubset
 from cloc_lightning.resume import EpochShuffleSampler, ResumableDataLoader
 from tests._reliability import RESUME_SETUPS, _cli_config, _fit_killed_at, _last_ckpt, assert_same
 from tests.conftest import run_cli
@@ -80,24 +78,6 @@ def test_mid_epoch_load_state_dict_with_workers_continues_the_epoch() -> None:
     rest = torch.cat([x for x, _ in loader])
     assert loader.state_dict() == {"epoch": 2, "batches": 0, "batch_size": 6}
     assert torch.equal(rest, full[2 * 6:])
-
-
-def test_epoch_stays_shared_through_pickling_and_copies() -> None:
-    ds = _shapes(0).train_set
-    assert ds._epoch is not None and ds._epoch.is_shared()
-    ds.set_epoch(3)
-    for copied in (pickle.loads(pickle.dumps(ds)), copy.deepcopy(ds)):
-        assert copied.epoch == 3 and copied._epoch.is_shared()
-        assert torch.equal(copied[5][0], ds[5][0])
-        copied.set_epoch(4)  # a copy is independent of the original
-        assert ds.epoch == 3
-    # a copy unpickled in another process (a ddp_spawn rank) takes its own shared epoch when it sets one
-    other = pickle.loads(pickle.dumps(ds))
-    other._epoch_owner, before = -1, other._epoch
-    other.set_epoch(7)
-    assert other.epoch == 7 and other._epoch is not before and other._epoch.is_shared() and int(before) == 3
-    other.set_epoch(8)
-    assert other.epoch == 8 and ds.epoch == 3
 
 
 @pytest.mark.slow

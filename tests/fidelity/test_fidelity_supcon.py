@@ -33,7 +33,7 @@ from torchvision.transforms import v2
 from benchmarks.reference.schedules import supcontrast_lrs  # the seed's per-step learning rates
 from benchmarks.reference.supcon import supcon_loop_reference  # the seed's SupConLoss (SupContrast, PR #142)
 from cloc_lightning.data import CIFAR10DataModule, ImageFolderDataModule, OrdinalShapesDataModule
-from cloc_lightning.data.base import DataConfigError
+from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
