@@ -43,6 +43,9 @@ LAYERS = {
     "hub": 9,
 }
 
+#: inside ``methods/``: the bases and the helpers every method builds on (a method module, any other, builds on them)
+METHOD_BASES = {"base", "pretrain", "momentum", "defaults", "optim", "tracking", "grad_cache"}
+
 
 def _module_files(root: Path) -> dict[str, Path]:
     """Dotted module name -> source file, for every module of the package under ``root`` (a package: its ``__init__``)."""
@@ -162,6 +165,23 @@ def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
 def test_imports_point_down() -> None:
     upward = upward_imports(import_graph())
     assert not upward, "imports that point up the layers (see docs/extending.md, Architecture):\n" + "\n".join(upward)
+
+
+def test_method_bases_import_no_method() -> None:
+    """The bases of ``methods/`` (:data:`METHOD_BASES`: ``BaseModule``, ``PretrainModule``, ``MomentumModule``, their
+    helpers) import no method module: a method builds on them, never the reverse."""
+    graph = import_graph()
+    prefix = f"{PACKAGE}.methods."
+    up = [
+        f"{module}:{line} imports {target}"
+        for module, edges in sorted(graph.items())
+        if module.startswith(prefix) and module.removeprefix(prefix) in METHOD_BASES
+        for target, line in sorted(edges.items())
+        if target.startswith(prefix) and target.removeprefix(prefix) not in METHOD_BASES
+    ]
+    assert not up, "a base of methods/ imports a method (add a new helper module to METHOD_BASES):\n" + "\n".join(up)
+    missing = {name for name in METHOD_BASES if f"{prefix}{name}" not in graph}
+    assert not missing, f"METHOD_BASES names modules that do not exist: {sorted(missing)}"
 
 
 def test_no_import_cycles() -> None:

@@ -177,11 +177,7 @@ class MomentumModule(PretrainModule):
         0 (a copy) up to ``update_beta_after_step``; 1 (target kept) on steps skipped by
         ``update_beta_every_n_steps``; else :meth:`beta_at`.
         """
-        if self.ema.is_copy_step(step):
-            return 0.0
-        if not self.ema.is_update_step(step):
-            return 1.0
-        return self.beta_at(step)
+        return self.ema.effective_beta(step, self.beta_at)
 
     def _target_after_step(self, step: int) -> None:
         """The target's copy or EMA update after optimiser step ``step`` (nothing on the skipped steps)."""
