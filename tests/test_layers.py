@@ -59,6 +59,9 @@ DATA_LAYERS = {
     "errors": 4,
 }
 
+#: inside ``methods/``: the bases and the helpers every method builds on (a method module, any other, builds on them)
+METHOD_BASES = {"base", "pretrain", "momentum", "defaults", "optim", "tracking", "grad_cache"}
+
 
 def _module_files(root: Path) -> dict[str, Path]:
     """Dotted module name -> source file, for every module of the package under ``root`` (a package: its ``__init__``)."""
@@ -193,6 +196,23 @@ def test_data_helpers_never_import_a_data_module() -> None:
         if target.startswith(prefix) and DATA_LAYERS[target.removeprefix(prefix)] < DATA_LAYERS[m]
     ]
     assert not upward, "data/ imports that point up (see DATA_LAYERS):\n" + "\n".join(upward)
+
+
+def test_method_bases_import_no_method() -> None:
+    """The bases of ``methods/`` (:data:`METHOD_BASES`: ``BaseModule``, ``PretrainModule``, ``MomentumModule``, their
+    helpers) import no method module: a method builds on them, never the reverse."""
+    graph = import_graph()
+    prefix = f"{PACKAGE}.methods."
+    up = [
+        f"{module}:{line} imports {target}"
+        for module, edges in sorted(graph.items())
+        if module.startswith(prefix) and module.removeprefix(prefix) in METHOD_BASES
+        for target, line in sorted(edges.items())
+        if target.startswith(prefix) and target.removeprefix(prefix) not in METHOD_BASES
+    ]
+    assert not up, "a base of methods/ imports a method (add a new helper module to METHOD_BASES):\n" + "\n".join(up)
+    missing = {name for name in METHOD_BASES if f"{prefix}{name}" not in graph}
+    assert not missing, f"METHOD_BASES names modules that do not exist: {sorted(missing)}"
 
 
 def test_no_import_cycles() -> None:

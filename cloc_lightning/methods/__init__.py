@@ -6,6 +6,7 @@ from cloc_lightning.methods.cloc import CLOCModule
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.linear_probe import LinearProbeModule
 from cloc_lightning.methods.linear_regressor import LinearRegressorModule
+from cloc_lightning.methods.momentum import MomentumModule
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.methods.ordinal_regression import OrdinalRegressionModule
 from cloc_lightning.methods.pretrain import MultiViewModule, PretrainModule
@@ -21,4 +22,4 @@ __all__ += ["ReLICModule"]
 __all__ += ["RnCModule", "LinearRegressorModule"]
 __all__ += ["OrdinalRegressionModule"]
 __all__ += ["BestFinalTracking"]
-__all__ += ["MultiViewModule", "method_defaults"]
+__all__ += ["MultiViewModule", "MomentumModule", "method_defaults"]

@@ -14,7 +14,8 @@ A contrastive batch that does not fit in memory as one graph can still be traine
   and BatchNorm's running statistics are updated once, as in one forward.
 
 Used by :class:`cloc_lightning.methods.ReLICModule` (``mini_batch_size`` with
-``negatives='mini_batch' | 'full_batch'``); nothing here knows about ReLIC.  Under a Trainer the
+``negatives='mini_batch' | 'full_batch'``; its argument and the data module's batches checked by
+:func:`check_mini_batch_size` and :func:`check_mini_batches`); nothing here knows about ReLIC.  Under a Trainer the
 backward passes go through :meth:`~lightning.pytorch.LightningModule.manual_backward` (precision
 scaling), with DDP's gradient all-reduce only on the last mini-batch.
 """
@@ -28,11 +29,50 @@ from typing import Any
 import lightning as L
 import torch
 
+from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.losses.base import upcast
 
-__all__ = ["mini_batch_slices", "chunk_backward", "rng_state", "set_rng_state", "cached_backward"]
+__all__ = [
+    "check_mini_batch_size", "check_mini_batches", "mini_batch_slices", "chunk_backward", "rng_state", "set_rng_state",
+    "cached_backward",
+]
 
 RNGState = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def check_mini_batch_size(mini_batch_size: int | None) -> int | None:
+    """A method's ``mini_batch_size`` argument: a positive integer, or ``None`` (no splitting); else a ``ValueError``."""
+    if mini_batch_size is not None and (
+        isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1
+    ):
+        raise ValueError(f"mini_batch_size must be a positive integer or null (no splitting), got {mini_batch_size!r}")
+    return mini_batch_size
+
+
+def check_mini_batches(mini_batch_size: int | None, data: DataInfo, world_size: int) -> None:
+    """Before a fit: ``mini_batch_size`` divides every training batch of the data module ``data``.
+
+    Raises a ``ValueError`` naming the fix when it does not divide ``data.batch_size`` or (one
+    process, ``drop_last: false``, a known training-set size) the last, smaller batch.  Nothing to
+    check without ``mini_batch_size`` or a known batch size.
+    """
+    mb = mini_batch_size
+    bs = data.batch_size
+    if mb is None or bs is None:
+        return
+    if bs % mb != 0:
+        raise ValueError(
+            f"mini_batch_size={mb} does not divide data.batch_size={bs}; choose a divisor of the batch size "
+            f"(e.g. {max(d for d in range(1, mb + 1) if bs % d == 0)})"
+        )
+    train_size = data.train_size
+    if data.drop_last is False and train_size is not None and world_size == 1:
+        last = train_size % bs
+        if last and last % mb != 0:
+            raise ValueError(
+                f"the last training batch holds {last} images, which mini_batch_size={mb} does not divide; "
+                "set data.drop_last: true (the seed drops the last batch too)"
+            )
 
 
 def mini_batch_slices(batch_size: int, mini_batch_size: int | None) -> list[slice]:

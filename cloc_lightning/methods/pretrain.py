@@ -6,8 +6,9 @@ optimiser, schedule, checkpoints) plus one online-evaluation component,
 features and a kNN monitor): its arguments (declared once, by the evaluator) and their
 checks, its setup from the data module, its optimiser group, the best-checkpoint monitor,
 and the validation, test and predict steps.  A method subclasses it with only what differs:
-its networks, its loss and its ``training_step``.  The ReLIC module is an example, and
-:class:`MultiViewModule` (the base of SupCon/SimCLR and Rank-N-Contrast) adds what methods
+its networks, its loss and its ``training_step``.
+:class:`~cloc_lightning.methods.momentum.MomentumModule` adds momentum (EMA) copies of the
+networks (the base of ReLIC), and :class:`MultiViewModule` (the base of SupCon/SimCLR and Rank-N-Contrast) adds what methods
 on ``n_views`` views of every image share: the views check, their one-forward encoding and
 the multi-view loss::
 

@@ -11,7 +11,8 @@ networks, the schedules and the batching around it.
 
 * **Online network** = encoder + projector (:meth:`ReLICModule.build_projector`).
 * **Target network** = a frozen deep copy of the online network that follows it by an
-  exponential moving average after every optimiser step (:class:`~cloc_lightning.nn.ema.EMATarget`:
+  exponential moving average after every optimiser step
+  (:class:`~cloc_lightning.methods.momentum.MomentumModule`, on :class:`~cloc_lightning.nn.ema.EMATarget`:
   ``target <- beta * target + (1 - beta) * online`` on parameters and BatchNorm buffers,
   beta on a cosine schedule).
 * **Multi-crop**: ``num_global_views`` global views (the target's inputs) then
@@ -27,21 +28,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from cloc_lightning.callbacks.checks import is_logging_step
-from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.defaults import method_defaults
-from cloc_lightning.methods.grad_cache import cached_backward, chunk_backward, mini_batch_slices
-from cloc_lightning.methods.pretrain import PretrainModule
-from cloc_lightning.nn.ema import BetaSchedule, EMATarget
+from cloc_lightning.methods.grad_cache import cached_backward, check_mini_batch_size, check_mini_batches, chunk_backward, mini_batch_slices
+from cloc_lightning.methods.momentum import MomentumModule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int
 
@@ -63,8 +61,8 @@ def cosine_gamma(step: int, total_steps: int, gamma0: float) -> float:
 
 
 # ---------------------------------------------------------------------- module
-@method_defaults(online_probe_lr=0.01, knn_k=20, lr=3e-4, weight_decay=1e-5, scheduler="none")
-class ReLICModule(PretrainModule):
+@method_defaults(online_probe_lr=0.01, knn_k=20, lr=3e-4, weight_decay=1e-5, scheduler="none", update_beta_after_step=1)
+class ReLICModule(MomentumModule):
     """ReLIC pre-training with the sigmoid contrastive loss (online + EMA target, multi-crop).
 
     Each training batch holds ``num_global_views + num_local_views`` views per image
@@ -75,7 +73,7 @@ class ReLICModule(PretrainModule):
     projections ``x'`` is :class:`~cloc_lightning.losses.sigmoid.SigmoidContrastiveLoss`
     (owning the learnable logit scale ``tau`` and bias ``b``; computed in float32, float64 under ``64-true``),
     averaged over :meth:`view_pairs`.  After each optimiser step the target is updated
-    (:meth:`optimizer_step`; :class:`~cloc_lightning.nn.ema.EMATarget`).
+    (:class:`~cloc_lightning.methods.momentum.MomentumModule`: the copies, the update, the schedule).
 
     ``mini_batch_size`` splits each batch into chunks forwarded and back-propagated one at
     a time (manual optimisation); ``negatives`` says whether each chunk is its own batch
@@ -94,20 +92,10 @@ class ReLICModule(PretrainModule):
         num_local_views: local views per image (online only; >= 0).
         projector_hidden_dim: hidden width of the projector (seed ``--proj_hidden_dim``, 512).
         projector_dim: output dimension of the projector (seed ``--proj_out_dim``, 64).
-        beta: initial EMA coefficient beta_0 (seed ``--beta``; its CLI default is 0.995,
-            its README commands use 0.99).
-        beta_schedule: ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
-            the run's last optimiser step (ReLIC / BYOL).  ``'scl_train'``: the seed script's
-            schedule -- horizon ``steps_per_epoch * (max_epochs + 2) - update_beta_after_step``
-            (:func:`scl_train_beta_horizon`; with ``max_steps`` the run's steps plus two
-            epochs) and a one-EMA-step lag (:func:`scl_train_beta`), so beta never reaches 1.
         encoder_bn: BatchNorm mode of the online and target *encoders* during training:
             ``'train'`` (default; what the seed's ``train.py`` does) or ``'frozen_stats'``
             (eval-mode BatchNorm: fixed running statistics, trained affine parameters; the
             state the seed's ``ReLIC`` class is constructed in; see ``docs/methods/relic.md``).
-        update_beta_after_step: the target is a copy of the online network after every
-            optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after.
-        update_beta_every_n_steps: EMA update only after steps ``k`` divisible by this.
         alpha: weight of the KL invariance term (seed ``--alpha``).
         gamma: initial confidence-penalty exponent gamma_0 (seed ``--gamma``).
         use_gamma_scaling: cosine-decay gamma to 0 over ``gamma_scaling_steps``.
@@ -125,22 +113,36 @@ class ReLICModule(PretrainModule):
         negatives: ``'mini_batch'`` or ``'full_batch'`` (see above; only with ``mini_batch_size``).
         gather_distributed: contrast against the global batch under DDP (passed to the
             loss); ``None`` = on (a no-op on one process).
-        **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
+        **kwargs: the :class:`~cloc_lightning.methods.momentum.MomentumModule` arguments (the EMA
+            target: ``beta`` and its schedule), the :class:`~cloc_lightning.methods.pretrain.PretrainModule` ones (the
             online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
             :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
 
     Keyword Args:
+        beta (float): initial EMA coefficient beta_0 (seed ``--beta``; its CLI default is 0.995,
+            its README commands use 0.99).
+        beta_schedule (str): ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
+            the run's last optimiser step (ReLIC / BYOL).  ``'scl_train'``: the seed script's
+            schedule -- horizon ``steps_per_epoch * (max_epochs + 2) - update_beta_after_step``
+            (:func:`scl_train_beta_horizon`; with ``max_steps`` the run's steps plus two
+            epochs) and a one-EMA-step lag (:func:`scl_train_beta`), so beta never reaches 1.
+        update_beta_after_step (int): the target is a copy of the online network after every
+            optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after.
+        update_beta_every_n_steps (int): EMA update only after steps ``k`` divisible by this.
         online_probe_lr (float | None): the probe's learning rate (``None`` = ``lr``; ReLIC's
             default 0.01 suits Adam on L2-normalised features).
 
     Subclassing: override :meth:`build_projector` (``[B, feature_dim] -> [B, D]``),
-    :meth:`build_loss`, :meth:`build_online_probe`, or ``build_backbone`` (base class).
+    :meth:`build_loss`, :meth:`build_online_probe`, ``build_backbone`` (base class), or the
+    momentum schedule ``beta_at`` (:class:`~cloc_lightning.methods.momentum.MomentumModule`).
     """
 
     #: state_dict prefix of the evaluation encoder (the EMA target's), read by :mod:`cloc_lightning.probe`
     encoder_prefix = "target_encoder."
-    #: ``compile_backbone`` / ``channels_last`` apply to the online and the EMA target encoder
-    backbone_modules = ("backbone", "target_encoder")
+    #: the whole online network (encoder and projector) has a momentum copy
+    momentum_targets: ClassVar[dict[str, str]] = {"backbone": "target_encoder", "projector": "target_projector"}
+    target_encoder: nn.Module
+    target_projector: nn.Module
 
     def __init__(
         self,
@@ -148,10 +150,6 @@ class ReLICModule(PretrainModule):
         num_local_views: int = 0,
         projector_hidden_dim: int = 512,
         projector_dim: int = 64,
-        beta: float = 0.99,
-        update_beta_after_step: int = 1,
-        update_beta_every_n_steps: int = 1,
-        beta_schedule: BetaSchedule = "relic",
         encoder_bn: EncoderBN = "train",
         alpha: float = 1.0,
         gamma: float = 1.0,
@@ -178,13 +176,11 @@ class ReLICModule(PretrainModule):
             )
         check_int("projector_hidden_dim", projector_hidden_dim, 1)
         check_int("projector_dim", projector_dim, 1)
-        ema = EMATarget(beta, beta_schedule, update_beta_after_step, update_beta_every_n_steps)  # checks its arguments
         check_choice("encoder_bn", encoder_bn, EncoderBN)
         check_float("alpha", alpha, minimum=0.0)
         check_float("gamma", gamma, minimum=0.0)
         check_int("gamma_scaling_steps", gamma_scaling_steps, 1)
-        if mini_batch_size is not None and (isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1):
-            raise ValueError(f"mini_batch_size must be a positive integer or null (no splitting), got {mini_batch_size!r}")
+        check_mini_batch_size(mini_batch_size)
         check_choice("negatives", negatives, Negatives)
         super().__init__(**kwargs)
         self.num_global_views = num_global_views
@@ -195,12 +191,8 @@ class ReLICModule(PretrainModule):
         # one backward per mini-batch inside the step needs manual optimisation (see the class docstring)
         self.automatic_optimization = mini_batch_size is None
         self.projector = self.build_projector()
-        #: the EMA of the online network: its target copies are registered here (``target_*`` keys)
-        self.ema = ema
-        self.target_encoder = ema.add_pair(self.backbone)
-        self.target_projector = ema.add_pair(self.projector)
+        self.add_momentum_targets()  # target_encoder, target_projector (``target_*`` state_dict keys)
         self.criterion = self.build_loss()
-        self._pending_step = 0  # index of the optimiser step the current batch contributes to
         self._apply_encoder_bn_mode()
 
     # ------------------------------------------------------------------ BatchNorm mode
@@ -297,69 +289,13 @@ class ReLICModule(PretrainModule):
         projection = self.target_projector(features)
         return {"features": F.normalize(upcast(features), dim=1), "projection": F.normalize(upcast(projection), dim=1)}
 
-    # ---------------------------------------------------------------- target (EMA)
-    def update_target(self, beta: float) -> None:
-        """``target <- beta * target + (1 - beta) * online`` (parameters and floating-point buffers)."""
-        self.ema.update(beta)
-
-    def copy_target(self) -> None:
-        """Make the target an exact copy of the online network (parameters and buffers)."""
-        self.ema.copy_()
-
-    def _total_steps(self) -> int:
-        if self._trainer is None:
-            raise RuntimeError("the beta schedule needs the Trainer's step count; attach the module to a Trainer")
-        return max(1, int(self.trainer.estimated_stepping_batches))
-
-    def _step(self) -> int:
-        """Index (0-based) of the optimiser step the current batch contributes to."""
-        return int(self.trainer.global_step) if self._trainer is not None else 0
-
-    def _steps_per_epoch(self) -> int:
-        """Optimiser steps per training epoch (the seed's ``len(train_loader)``)."""
-        self._total_steps()  # makes the Trainer set up the training data
-        batches = float(self.trainer.num_training_batches)
-        if not math.isfinite(batches):
-            raise RuntimeError("beta_schedule='scl_train' needs a training loader with a length (steps per epoch)")
-        return max(1, math.ceil(int(batches) / max(1, int(self.trainer.accumulate_grad_batches))))
-
-    def beta_horizon(self) -> int:
-        """Steps over which beta's cosine runs: the run's steps (``'relic'``), or the seed script's horizon (``'scl_train'``).
-
-        ``'scl_train'``: ``steps_per_epoch * (epochs + 2) - update_beta_after_step``, computed as
-        the run's optimiser steps plus two epochs (the same when ``max_epochs`` bounds the run).
-        """
-        total = self._total_steps()
-        return self.ema.horizon(total, self._steps_per_epoch() if self.ema.beta_schedule == "scl_train" else None)
-
-    def beta_at(self, step: int) -> float:
-        """EMA coefficient applied after optimiser step ``step`` when it is an EMA step.
-
-        ``'relic'``: cosine from ``beta`` to 1 over the run (:func:`cosine_beta`);
-        ``'scl_train'``: the seed script's lagged value (:func:`scl_train_beta`).
-        """
-        return self.ema.beta_at(step, self.beta_horizon())
-
+    # ---------------------------------------------------------------- schedules
     def gamma_at(self, step: int) -> float:
         """Confidence-penalty exponent of step ``step`` (cosine decay if ``use_gamma_scaling``, else ``gamma``)."""
         h = self.hparams
         if h.use_gamma_scaling:
             return cosine_gamma(step, int(h.gamma_scaling_steps), float(h.gamma))
         return float(h.gamma)
-
-    def effective_beta(self, step: int) -> float:
-        """The coefficient applied after step ``step`` (logged as ``train/beta``).
-
-        0 (a copy) up to ``update_beta_after_step``; 1 (target kept) on steps skipped by
-        ``update_beta_every_n_steps``; else :meth:`beta_at`.
-        """
-        return self.ema.effective_beta(step, self.beta_horizon)
-
-    def _target_after_step(self, step: int) -> None:
-        if self.ema.is_copy_step(step):
-            self.copy_target()
-        elif self.ema.is_update_step(step):
-            self.update_target(self.beta_at(step))
 
     # ---------------------------------------------------------------- loss
     def multicrop_loss(
@@ -403,47 +339,8 @@ class ReLICModule(PretrainModule):
                     f"{type(self).__name__}(num_global_views={self.num_global_views}, num_local_views={self.num_local_views}) "
                     f"but the data module yields {n_views} views ({type(views).__name__} {counts}); {self._views_fix()}"
                 )
-            self._check_mini_batch_config(data)
+            check_mini_batches(self.mini_batch_size, data, self.trainer.world_size)
         super().setup(stage)
-
-    def _check_mini_batch_config(self, data: DataInfo) -> None:
-        mb = self.mini_batch_size
-        bs = data.batch_size
-        if mb is None or bs is None:
-            return
-        if bs % mb != 0:
-            raise ValueError(
-                f"mini_batch_size={mb} does not divide data.batch_size={bs}; choose a divisor of the batch size "
-                f"(e.g. {max(d for d in range(1, mb + 1) if bs % d == 0)})"
-            )
-        train_size = data.train_size
-        if data.drop_last is False and train_size is not None and self.trainer.world_size == 1:
-            last = train_size % bs
-            if last and last % mb != 0:
-                raise ValueError(
-                    f"the last training batch holds {last} images, which mini_batch_size={mb} does not divide; "
-                    "set data.drop_last: true (the seed drops the last batch too)"
-                )
-
-    def load_weights(self, path: str) -> dict[str, list[str]]:
-        """``init_from``: load matching weights; if the checkpoint had no target, the target becomes a copy of the online network."""
-        report = super().load_weights(path)
-        if not any(k.startswith(("target_encoder.", "target_projector.")) for k in report["loaded"]):
-            self.copy_target()
-        return report
-
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
-        """The optimiser step, then the target's copy/EMA update for that step (automatic optimisation).
-
-        Lightning calls this only when the optimiser steps (not on ``accumulate_grad_batches``
-        batches without a step) and before any callback's ``on_train_batch_end``, so a
-        checkpoint written at the end of the batch (``ModelCheckpoint(every_n_train_steps)``)
-        already holds the updated target and a resume from it continues exactly.  With
-        ``mini_batch_size`` (manual optimisation) the step method does the same.  An
-        override must call ``super().optimizer_step(...)``.
-        """
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self._target_after_step(self._pending_step)
 
     # ---------------------------------------------------------------- steps
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -454,10 +351,9 @@ class ReLICModule(PretrainModule):
         bsz = int(y.shape[0])
         self.check_views(views, bsz)
         step = self._step()
-        self._pending_step = step
         gamma = self.gamma_at(step)
         if self.mini_batch_size is not None:
-            loss, invariance, probe_logs = self._manual_step(views, y, gamma, step)
+            loss, invariance, probe_logs = self.manual_optimizer_step(step, lambda: self.accumulate_gradients(views, y, gamma, step))
             total = loss
         else:
             target, features = [], None
@@ -479,10 +375,8 @@ class ReLICModule(PretrainModule):
         b = getattr(crit, "b", None)
         logs: dict[str, Any] = {"train/invariance": invariance.detach()}
         if self._trainer is None or is_logging_step(self.trainer):
-            # Python numbers: self.log copies each to the device, so only on the steps the loggers write
+            # a Python number: self.log copies it to the device, so only on the steps the loggers write (beta: the base)
             logs["train/gamma"] = gamma
-            if self._trainer is not None:
-                logs["train/beta"] = self.effective_beta(step)
         if isinstance(tau, torch.Tensor):
             logs["train/tau"] = tau.detach().float()
             logs["train/logit_scale"] = tau.detach().float().exp().clamp(max=float(self.hparams.max_tau))
@@ -555,20 +449,6 @@ class ReLICModule(PretrainModule):
             loss_sum = loss_sum + loss.detach() / chunks
             inv_sum = inv_sum + inv.detach() / chunks
         return loss_sum, inv_sum, probe_logs
-
-    def _manual_step(
-        self, views: list[torch.Tensor], y: torch.Tensor, gamma: float, step: int
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        opt = self.optimizers()
-        opt.zero_grad()  # type: ignore[union-attr]
-        loss, invariance, probe_logs = self.accumulate_gradients(views, y, gamma, step)
-        opt.step()  # type: ignore[union-attr]
-        self._target_after_step(step)
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            for s in scheduler if isinstance(scheduler, list) else [scheduler]:
-                cast(LambdaLR, s).step()  # what configure_optimizers builds
-        return loss, invariance, probe_logs
 
     # ---------------------------------------------------------------- evaluation
     def eval_views(self, views: list[torch.Tensor], y: torch.Tensor, stage: Literal["val", "test"]) -> torch.Tensor:

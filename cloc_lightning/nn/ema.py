@@ -9,9 +9,11 @@ follows it after every optimiser step::
 :class:`EMATarget` is that component: it builds the frozen target copies of online
 modules (:meth:`EMATarget.add_pair`), updates them (:meth:`EMATarget.update`,
 :meth:`EMATarget.copy_`) and owns the coefficient's schedule
-(:meth:`EMATarget.after_step`).  The pairs are *referenced*, not owned: the method
+(:meth:`EMATarget.effective_beta`).  The pairs are *referenced*, not owned: the method
 registers the target modules as its own attributes, so their ``state_dict`` keys are the
-method's (``target_encoder.*``) and checkpoints hold them.
+method's (``target_encoder.*``) and checkpoints hold them.  A LightningModule gets all of this,
+and the update after every optimiser step, from
+:class:`~cloc_lightning.methods.momentum.MomentumModule`.
 
 Schedules (``beta_schedule``):
 
@@ -132,7 +134,7 @@ def copy_module_state_(online: Sequence[nn.Module], target: Sequence[nn.Module])
 class EMATarget:
     """Target copies of online modules, their EMA update and the schedule of its coefficient.
 
-    After optimiser step ``k`` (0-based; :meth:`after_step`) the target is
+    After optimiser step ``k`` (0-based; :meth:`is_copy_step`, :meth:`is_update_step`) the target is
 
     * a copy of the online modules while ``k <= update_beta_after_step``;
     * unchanged on steps ``k`` not divisible by ``update_beta_every_n_steps``;
@@ -221,16 +223,17 @@ class EMATarget:
         """Whether step ``step`` is an EMA step (after the copies, divisible by ``update_beta_every_n_steps``)."""
         return not self.is_copy_step(step) and step % self.update_beta_every_n_steps == 0
 
-    def effective_beta(self, step: int, horizon: Callable[[], int]) -> float:
-        """The coefficient applied after step ``step``: 0 (a copy), 1 (kept: not an EMA step), else :meth:`beta_at`.
+    def effective_beta(self, step: int, beta_at: Callable[[int], float]) -> float:
+        """The coefficient applied after step ``step``: 0 (a copy), 1 (kept: not an EMA step), else ``beta_at(step)``.
 
-        ``horizon`` is called only on EMA steps (it may need a Trainer).
+        ``beta_at`` is the schedule (e.g. ``lambda k: ema.beta_at(k, horizon)``), called only on
+        EMA steps (it may need a Trainer).
         """
         if self.is_copy_step(step):
             return 0.0
         if not self.is_update_step(step):
             return 1.0
-        return self.beta_at(step, horizon())
+        return beta_at(step)
 
     def extra_repr(self) -> str:
         return (
