@@ -252,9 +252,9 @@ UTKFACE = Table(
         "the nearest rank round(clamp(r, 0, 7)), E[rank] MAE is |clamp(r, 0, 7) - y|, and its best checkpoint "
         "follows val/mae_expected (the paper selects the regressor by its L1 error). "
         f"`{_SSL}` rows start from the same seed's SimCLR encoder (`--model.init_from`; backbone weights only, "
-        "fresh head, optimiser and schedule); the SimCLR row's curves are its online linear probe's (detached features)."
+        "fresh head, optimiser and schedule); the pre-training rows' curves (SimCLR, RnC stage one) are their online linear probes' (detached features)."
     ),
-    curve_metrics=[("val/mae|val/online_probe/mae", "validation MAE (age groups; SimCLR: online probe) ↓"),
+    curve_metrics=[("val/mae|val/online_probe/mae", "validation MAE (age groups; pre-training rows: online probe) ↓"),
                    ("val/qwk|val/online_probe/qwk", "validation QWK ↑")],
 )
 
