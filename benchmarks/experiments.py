@@ -1059,6 +1059,17 @@ def _parse_deadline(value: str | None) -> float | None:
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
+def _repo_relative(path: Path) -> str:
+    """``path`` relative to the git checkout that holds it (this one, or another checkout or worktree
+    of the repository, e.g. ``main`` when the runner runs in a worktree), so a record names the
+    committed file the same way on every machine; absolute when no checkout holds it."""
+    path = path.resolve()
+    for root in (REPO, *path.parents):
+        if (root / ".git").exists() and path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return str(path)
+
+
 def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[str]]:
     """Write the finished runs recorded in a table's JSON back into ``runs_dir`` as their ``result.json``.
 
@@ -1083,10 +1094,7 @@ def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[s
     if payload.get("quick"):
         raise ValueError(f"--restore-runs {source} holds --quick smoke-test runs, which are not results; pass a full table's JSON")
     keys = {r.key for r in table.rows}
-    try:
-        origin = str(source.resolve().relative_to(REPO))
-    except ValueError:
-        origin = str(source.resolve())
+    origin = _repo_relative(source)
     digest = hashlib.sha256(raw).hexdigest()
     done: dict[str, list[str]] = {"restored": [], "kept": []}
     for rec in payload["runs"]:

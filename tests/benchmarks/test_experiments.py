@@ -523,3 +523,19 @@ def test_a_tables_json_restores_its_finished_runs_on_a_new_machine(tmp_path) -> 
         restore_runs(table, quick, runs_dir)
     with pytest.raises(FileNotFoundError, match="no such file"):
         restore_runs(table, tmp_path / "missing.json", runs_dir)
+
+
+def test_restored_runs_name_a_json_in_another_checkout_by_its_repo_path(tmp_path) -> None:
+    # the runner in a worktree restoring main's committed table: the records name the file as the
+    # repository does (benchmarks/results/...), not by this machine's absolute checkout path
+    from benchmarks.experiments import restore_runs, write_outputs
+
+    table = TABLES["utkface"]
+    rows = [r for r in table.rows if r.key == "ce"]
+    runs = [{"row": "ce", "seed": 0, "ok": True, "wall_s": 100.0, "run_dir": "old/ce/seed0", "metrics": {"test/mae": 0.5}}]
+    other = tmp_path / "main"
+    (other / ".git").mkdir(parents=True)
+    write_outputs(other / "benchmarks" / "results", table, rows, runs, "cmd", [0], {}, False, [], {})
+    restore_runs(table, other / "benchmarks" / "results" / "utkface.json", tmp_path / "runs")
+    rec = json.loads((tmp_path / "runs" / "ce" / "seed0" / "result.json").read_text())
+    assert rec["restored_from"]["file"] == "benchmarks/results/utkface.json"
