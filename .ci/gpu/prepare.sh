@@ -10,13 +10,20 @@
 # * data: a deterministic subset of $CLOC_SHARED_DATA (default ../shared/data): CIFAR-10 JPEGs (all
 #   10,000 training images, the first 200 test images of each class) and two UTKFace faces in three,
 #   with data/README.md -- about 40 MB, enough for 25 full batches per epoch of every config.
+#   CLOC_GPU_DATA=utkface instead: every UTKFace face and no CIFAR-10 (about 45 MB), the data of the
+#   UTKFace experiment table that .ci/gpu/experiments.sh runs.
+# * git.tar: the .git of a one-commit clone of this checkout's HEAD (about 1 MB), so the runs on the node
+#   record the commit they ran and whether the tree had changes (the node gets the files, not .git).
 #
-# Environment: PYTHON (default python3), CLOC_SHARED_DATA, CLOC_GPU_CACHE (default .ci/gpu/cache).
+# Environment: PYTHON (default python3), CLOC_SHARED_DATA, CLOC_GPU_CACHE (default .ci/gpu/cache),
+# CLOC_GPU_DATA (subset, the default, or utkface).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 CACHE=${CLOC_GPU_CACHE:-.ci/gpu/cache}
 DATA=${CLOC_SHARED_DATA:-../shared/data}
+DATA_SET=${CLOC_GPU_DATA:-subset}
+case "$DATA_SET" in subset|utkface) ;; *) echo "CLOC_GPU_DATA must be subset or utkface, not '$DATA_SET'" >&2; exit 2;; esac
 
 mkdir -p "$CACHE/wheels"
 echo "== wheels (.ci/gpu/wheels.txt) -> $CACHE/wheels"
@@ -52,22 +59,25 @@ print(f"{len(found)} wheels: " + ", ".join(sorted(found.values())))
 EOF
 
 echo "== data ($DATA) -> $CACHE/data.tar.gz"
-if [ ! -d "$DATA/cifar10" ] || [ ! -d "$DATA/utkface" ]; then
+if [ ! -d "$DATA/utkface" ] || { [ "$DATA_SET" = subset ] && [ ! -d "$DATA/cifar10" ]; }; then
   echo "no cifar10/ and utkface/ under $DATA: no data tar (the GPU tier then generates stand-ins; set CLOC_SHARED_DATA)" >&2
   exit 1
 fi
-"$PY" - "$DATA" "$CACHE/data.tar.gz" <<'EOF'
+"$PY" - "$DATA" "$CACHE/data.tar.gz" "$DATA_SET" <<'EOF'
 import sys, tarfile
 from pathlib import Path
-data, out = Path(sys.argv[1]), Path(sys.argv[2])
+data, out, data_set = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 files = []
 if (data / "README.md").is_file():
     files.append(data / "README.md")
-files += sorted((data / "cifar10" / "train").rglob("*.jpg"))
-for folder in sorted(p for p in (data / "cifar10" / "test").iterdir() if p.is_dir()):
-    files += sorted(folder.glob("*.jpg"))[:200]
 faces = sorted((data / "utkface").glob("*.jpg"))
-files += [p for i, p in enumerate(faces) if i % 3 != 0]  # two in three: ~3,650 training faces after the 0.7 split
+if data_set == "utkface":  # the experiment table: every face, the split is the data module's own
+    files += faces
+else:
+    files += sorted((data / "cifar10" / "train").rglob("*.jpg"))
+    for folder in sorted(p for p in (data / "cifar10" / "test").iterdir() if p.is_dir()):
+        files += sorted(folder.glob("*.jpg"))[:200]
+    files += [p for i, p in enumerate(faces) if i % 3 != 0]  # two in three: ~3,650 training faces after the 0.7 split
 tmp = out.with_suffix(".tmp")
 with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
     for path in files:
@@ -80,5 +90,11 @@ with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
 tmp.replace(out)
 print(f"{len(files)} files, {out.stat().st_size / 2**20:.1f} MiB")
 EOF
+echo "== git.tar: the .git of a one-commit clone of HEAD ($(git rev-parse --short HEAD))"
+[ -z "$(git status --porcelain -- . ':!benchmarks/results')" ] || echo "note: uncommitted changes here; the node's runs will record HEAD + uncommitted changes"
+clone=$(mktemp -d)
+git clone -q --depth 1 --no-local "file://$PWD" "$clone/repo"
+tar -cf "$CACHE/git.tar" -C "$clone/repo" .git
+rm -rf "$clone"
 du -sh "$CACHE"
 echo "carry to the node: $CACHE (see docs/gpu.md)"
