@@ -1177,7 +1177,10 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
             limit = timeout
             if stop_at is not None:
                 left = stop_at - time.time()
-                same = [x["wall_s"] for x in runs if x.get("ok") and x["row"] == r.key] or [x["wall_s"] for x in runs if x.get("ok")]
+                # a row's own finished runs say how long the next takes; another row's do not (a stage-two
+                # regressor after its 6x longer pre-training was held back so), so a row's first run needs only
+                # a minute and, where it runs past the deadline, is stopped there
+                same = [x["wall_s"] for x in runs if x.get("ok") and x["row"] == r.key]
                 expected = statistics.fmean(same) if same else 60.0
                 if left < expected:
                     print(f"[experiments] {name}/{r.key} seed {seed}: not started: {left:.0f} s to the deadline {deadline}, "

@@ -19,8 +19,9 @@
 #
 # Environment: as .ci/gpu/run.sh (PYTHON, CLOC_GPU_CACHE, CLOC_GPU_WORK, OUT), and CLOC_GPU_TABLE_BUDGET,
 # CLOC_GPU_TABLE_EXTRA, CLOC_GPU_TABLE_NAME (default h200_128px), CLOC_GPU_TABLE_ROWS (the row groups,
-# default "ce cloc_mm corn coral rnc"; rnc runs as one chain per seed), CLOC_GPU_TABLE_DRY=1 (a dry run
-# on the CPU: --quick settings, no GPU; checks the script, measures nothing).
+# default "ce cloc_mm corn coral rnc"; rnc runs as one chain per seed), CLOC_GPU_TABLE_PREVIOUS (an earlier
+# call's runs.tar.gz, whose finished runs are rendered with this call's: a table filled over two calls),
+# CLOC_GPU_TABLE_DRY=1 (a dry run on the CPU: --quick settings, no GPU; checks the script, measures nothing).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -55,8 +56,10 @@ source "$REPO/.ci/gpu/env.sh" || exit 1
 if [ -z "${CLOC_SHARED_DATA:-}" ] || [ ! -d "$CLOC_SHARED_DATA/utkface" ]; then
   echo "no UTKFace data: carry .ci/gpu/cache/data.tar.gz made with CLOC_GPU_DATA=utkface .ci/gpu/prepare.sh"; exit 1
 fi
-# the commit the runs record (the node gets the files, not .git)
-if [ ! -d .git ] && [ -f "$CACHE/git.tar" ]; then
+# the commit the runs record: the node gets the files, and no .git or one left from an older copy
+# (seen on a lent machine: the .git of an earlier commit under this tree), so git.tar's replaces it
+if [ -f "$CACHE/git.tar" ]; then
+  [ -d .git ] && mv .git "$WORK/node.git"
   tar -xf "$CACHE/git.tar" -C "$REPO" && stamp "git: $(git -C "$REPO" rev-parse --short HEAD 2>&1) from $CACHE/git.tar"
 fi
 git config --global --add safe.directory "$REPO" 2>/dev/null || true
@@ -65,6 +68,10 @@ git config --global --add safe.directory "$REPO" 2>/dev/null || true
 
 runs=runs/gpu_table_$name
 dest=benchmarks/results/experiments/$name
+if [ -n "${CLOC_GPU_TABLE_PREVIOUS:-}" ]; then  # the runs.tar.gz of an earlier call: its finished runs join the render
+  tar -xzf "$CLOC_GPU_TABLE_PREVIOUS" -C "$REPO" "$runs" || exit 1
+  stamp "previous runs from $CLOC_GPU_TABLE_PREVIOUS: $(find "$runs" -name result.json | wc -l) run folders"
+fi
 deadline=$(( $(date +%s) + budget ))
 iso=$(date -u -d "@$deadline" +%Y-%m-%dT%H:%M:%S)
 seeds="0 1 2"
@@ -102,7 +109,9 @@ done
 wait "${pids[@]}"  # not a bare wait: that also waits for the tee of the log
 grep -h "\] utkface/" "$WORK"/*.log | grep -v "running \.\.\." || true
 
-stamp "render: every row over the finished runs -> $dest"
+# every row with a run folder (this call's and CLOC_GPU_TABLE_PREVIOUS's), in the table's order
+mapfile -t all_rows < <(find "$runs" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort)
+stamp "render: ${all_rows[*]} over the finished runs -> $dest"
 # shellcheck disable=SC2086
 "$VPY" -m benchmarks.experiments utkface $quick --rows "${all_rows[@]}" --seeds $seeds --runs-dir "$runs" --out "$dest" \
   --data-root "$CLOC_SHARED_DATA" --deadline 2000-01-01T00:00 --extra $extra > "$WORK/render.log" 2>&1
