@@ -69,7 +69,13 @@ git config --global --add safe.directory "$REPO" 2>/dev/null || true
 runs=runs/gpu_table_$name
 dest=benchmarks/results/experiments/$name
 if [ -n "${CLOC_GPU_TABLE_PREVIOUS:-}" ]; then  # the runs.tar.gz of an earlier call: its finished runs join the render
-  tar -xzf "$CLOC_GPU_TABLE_PREVIOUS" -C "$REPO" "$runs" || exit 1
+  # except the rows this call runs (they run afresh: the tar has no checkpoints for a stage two to start from)
+  skip=()
+  for g in $groups; do
+    case "$g" in rnc) rows_g="rnc rnc_linear";; simclr) rows_g="simclr ce_simclr cloc_mm_simclr";; *) rows_g=$g;; esac
+    for r in $rows_g; do skip+=(--exclude="$runs/$r"); done
+  done
+  tar -xzf "$CLOC_GPU_TABLE_PREVIOUS" -C "$REPO" "${skip[@]}" "$runs" || exit 1
   stamp "previous runs from $CLOC_GPU_TABLE_PREVIOUS: $(find "$runs" -name result.json | wc -l) run folders"
 fi
 deadline=$(( $(date +%s) + budget ))
