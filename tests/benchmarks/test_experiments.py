@@ -539,3 +539,31 @@ def test_restored_runs_name_a_json_in_another_checkout_by_its_repo_path(tmp_path
     restore_runs(table, other / "benchmarks" / "results" / "utkface.json", tmp_path / "runs")
     rec = json.loads((tmp_path / "runs" / "ce" / "seed0" / "result.json").read_text())
     assert rec["restored_from"]["file"] == "benchmarks/results/utkface.json"
+
+
+def test_the_deadline_estimates_a_run_from_its_own_rows_runs_only(tmp_path, monkeypatch) -> None:
+    """A row's first run is not held back by another row's longer runs (on the GPU table, RnC's regressor
+    was estimated at its 6x longer pre-training's time and never started); later seeds use the row's own."""
+    import time
+
+    import benchmarks.experiments as ex
+
+    walls = {"ce": 1000.0, "corn": 30.0}  # ce's runs "take" far longer than the time left, corn's do not
+    started: list[tuple[str, int]] = []
+
+    def fake_run_one(table, row, seed, run_dir, data_root, quick, extra, timeout, keep_checkpoints, resume=True):
+        started.append((row.key, seed))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rec = {"row": row.key, "seed": seed, "run_dir": str(run_dir), "commands": [], "metrics": {"test/mae": 0.5},
+               "ok": True, "wall_s": walls[row.key], "code": {}, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+        (run_dir / "result.json").write_text(json.dumps(rec))
+        return rec
+
+    monkeypatch.setattr(ex, "run_one", fake_run_one)
+    data = tmp_path / "data"
+    (data / "utkface").mkdir(parents=True)
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 300))
+    ex.run_table("utkface", [0, 1], out=tmp_path / "out", runs_dir=tmp_path / "runs", rows=["ce", "corn"], data_root=data,
+                 deadline=deadline)
+    # seed 0: both rows have no runs yet and start; seed 1: ce's own 1000 s run says it cannot finish, corn's 30 s can
+    assert started == [("ce", 0), ("corn", 0), ("corn", 1)]
