@@ -24,18 +24,8 @@
 # CLOC_GPU_TABLE_DRY=1 (a dry run on the CPU: --quick settings, no GPU; checks the script, measures nothing).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-REPO=$PWD
-OUT=${OUT:-${CLOC_GPU_OUT:-/tmp/cloc-gpu-out}}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-CACHE=${CLOC_GPU_CACHE:-$REPO/.ci/gpu/cache}
-WORK=${CLOC_GPU_WORK:-$(mktemp -d /tmp/cloc-gpu.XXXXXX)}
-mkdir -p "$WORK"
-PY=${PYTHON:-python3}
-exec > >(tee -a "$OUT/run.log") 2>&1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-start=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
+# shellcheck source=.ci/gpu/prologue.sh
+source .ci/gpu/prologue.sh || exit 1
 
 budget=${CLOC_GPU_TABLE_BUDGET:-420}
 name=${CLOC_GPU_TABLE_NAME:-h200_128px}

@@ -32,18 +32,8 @@
 # CLOC_GPU_PRECISIONS / CLOC_GPU_SYNC.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-REPO=$PWD
-OUT=${OUT:-${CLOC_GPU_OUT:-/tmp/cloc-gpu-out}}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-CACHE=${CLOC_GPU_CACHE:-$REPO/.ci/gpu/cache}
-WORK=${CLOC_GPU_WORK:-$(mktemp -d /tmp/cloc-gpu.XXXXXX)}
-mkdir -p "$WORK"
-PY=${PYTHON:-python3}
-exec > >(tee -a "$OUT/run.log") 2>&1
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-start=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - start )) s] $*"; }
+# shellcheck source=.ci/gpu/prologue.sh
+source .ci/gpu/prologue.sh || exit 1
 
 stamp "the node: $(uname -srm), $("$PY" -V 2>&1) at $(command -v "$PY"); tables -> $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
