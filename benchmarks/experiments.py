@@ -1178,8 +1178,7 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
             if stop_at is not None:
                 left = stop_at - time.time()
                 # a row's own finished runs say how long the next takes; another row's do not (a stage-two
-                # regressor after its 6x longer pre-training was held back so), so a row's first run needs only
-                # a minute and, where it runs past the deadline, is stopped there
+                # regressor after its 6x longer pre-training was held back so): a row's first run needs a minute
                 same = [x["wall_s"] for x in runs if x.get("ok") and x["row"] == r.key]
                 expected = statistics.fmean(same) if same else 60.0
                 if left < expected:

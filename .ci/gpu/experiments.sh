@@ -15,7 +15,7 @@
 # the finished runs (`--deadline` in the past: it starts nothing) writes
 # benchmarks/results/experiments/$CLOC_GPU_TABLE_NAME/utkface.{md,json} and utkface_curves.png, copied
 # to $OUT with the runs' logs (runs.tar.gz: every run folder without checkpoints) and run.log.
-# Wall times are those of runs sharing the device and the CPUs (the table's header says so).
+# Wall times are those of runs sharing the device and the CPUs (docs/results.md says so beside the table).
 #
 # Environment: as .ci/gpu/run.sh (PYTHON, CLOC_GPU_CACHE, CLOC_GPU_WORK, OUT), and CLOC_GPU_TABLE_BUDGET,
 # CLOC_GPU_TABLE_EXTRA, CLOC_GPU_TABLE_NAME (default h200_128px), CLOC_GPU_TABLE_ROWS (the row groups,
@@ -56,14 +56,15 @@ git config --global --add safe.directory "$REPO" 2>/dev/null || true
 [ -n "$(git -C "$REPO" status --porcelain -- . ':!benchmarks/results' 2>/dev/null)" ] && \
   git -C "$REPO" status --short -- . ':!benchmarks/results' | head -20
 
+# the rows of a group: a chain (a source row and the rows that start from its weights) or one row
+rows_of() { case "$1" in rnc) echo rnc rnc_linear;; simclr) echo simclr ce_simclr cloc_mm_simclr;; *) echo "$1";; esac; }
 runs=runs/gpu_table_$name
 dest=benchmarks/results/experiments/$name
 if [ -n "${CLOC_GPU_TABLE_PREVIOUS:-}" ]; then  # the runs.tar.gz of an earlier call: its finished runs join the render
   # except the rows this call runs (they run afresh: the tar has no checkpoints for a stage two to start from)
   skip=()
   for g in $groups; do
-    case "$g" in rnc) rows_g="rnc rnc_linear";; simclr) rows_g="simclr ce_simclr cloc_mm_simclr";; *) rows_g=$g;; esac
-    for r in $rows_g; do skip+=(--exclude="$runs/$r"); done
+    for r in $(rows_of "$g"); do skip+=(--exclude="$runs/$r"); done
   done
   tar -xzf "$CLOC_GPU_TABLE_PREVIOUS" -C "$REPO" "${skip[@]}" "$runs" || exit 1
   stamp "previous runs from $CLOC_GPU_TABLE_PREVIOUS: $(find "$runs" -name result.json | wc -l) run folders"
@@ -83,17 +84,14 @@ launch() {  # launch <log name> <runner arguments...>
 }
 all_rows=()
 for g in $groups; do
-  if [ "$g" = rnc ]; then
-    for s in $seeds; do launch "rnc_seed$s" --rows rnc rnc_linear --seeds "$s"; done
-    all_rows+=(rnc rnc_linear)
-  elif [ "$g" = simclr ]; then
-    for s in $seeds; do launch "simclr_seed$s" --rows simclr ce_simclr cloc_mm_simclr --seeds "$s"; done
-    all_rows+=(simclr ce_simclr cloc_mm_simclr)
+  read -ra rows <<< "$(rows_of "$g")"
+  if [ ${#rows[@]} -gt 1 ]; then  # a chain: one runner per seed, so the seeds' chains run side by side
+    for s in $seeds; do launch "${g}_seed$s" --rows "${rows[@]}" --seeds "$s"; done
   else
     # shellcheck disable=SC2086
     launch "$g" --rows "$g" --seeds $seeds
-    all_rows+=("$g")
   fi
+  all_rows+=("${rows[@]}")
 done
 stamp "${#pids[@]} runner processes until $iso UTC: ${all_rows[*]}"
 while sleep 30; do
