@@ -1114,6 +1114,25 @@ def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[s
     return done
 
 
+def _row_walls(runs: Sequence[dict[str, Any]], runs_dir: Path, row: str) -> list[float]:
+    """The wall times of ``row``'s finished runs, which say how long its next run takes.
+
+    Only the row's own runs count: another row's do not (on the GPU table a stage-two regressor
+    was held back by its 6x longer pre-training's time).  They are this invocation's runs and the
+    ones cached in ``runs_dir`` for any seed, so ``--seeds 2`` alone still knows what seeds 0 and 1
+    took; a row with no finished run is given a minute.
+    """
+    walls = {x["seed"]: float(x["wall_s"]) for x in runs if x.get("ok") and x["row"] == row}
+    for cached in sorted((runs_dir / row).glob("seed*/result.json")):
+        try:
+            rec = json.loads(cached.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("ok") and rec.get("seed") not in walls and isinstance(rec.get("wall_s"), int | float):
+            walls[rec["seed"]] = float(rec["wall_s"])
+    return list(walls.values())
+
+
 def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = DEFAULT_OUT, runs_dir: Path | None = None,
               rows: Sequence[str] | None = None, data_root: Path = DEFAULT_DATA, extra: Sequence[str] = (), rerun: bool = False,
               timeout: float = 1800, keep_checkpoints: bool = False, command: str | None = None,
@@ -1177,9 +1196,7 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
             limit = timeout
             if stop_at is not None:
                 left = stop_at - time.time()
-                # a row's own finished runs say how long the next takes; another row's do not (a stage-two
-                # regressor after its 6x longer pre-training was held back so): a row's first run needs a minute
-                same = [x["wall_s"] for x in runs if x.get("ok") and x["row"] == r.key]
+                same = _row_walls(runs, runs_dir, r.key)
                 expected = statistics.fmean(same) if same else 60.0
                 if left < expected:
                     print(f"[experiments] {name}/{r.key} seed {seed}: not started: {left:.0f} s to the deadline {deadline}, "

@@ -567,3 +567,37 @@ def test_the_deadline_estimates_a_run_from_its_own_rows_runs_only(tmp_path, monk
                  deadline=deadline)
     # seed 0: both rows have no runs yet and start; seed 1: ce's own 1000 s run says it cannot finish, corn's 30 s can
     assert started == [("ce", 0), ("corn", 0), ("corn", 1)]
+
+
+def test_the_deadline_estimate_reads_the_rows_runs_of_other_seeds_cached_on_disk(tmp_path, monkeypatch) -> None:
+    """``--seeds 2`` alone: the row's seed-0/1 runs in ``--runs-dir`` (not in this invocation) say how long
+    seed 2 takes; a failed record there does not count, and another row's runs do not either."""
+    import time
+
+    import benchmarks.experiments as ex
+
+    started: list[tuple[str, int]] = []
+
+    def fake_run_one(table, row, seed, run_dir, data_root, quick, extra, timeout, keep_checkpoints, resume=True):
+        started.append((row.key, seed))
+        return {"row": row.key, "seed": seed, "run_dir": str(run_dir), "commands": [], "metrics": {"test/mae": 0.5},
+                "ok": True, "wall_s": 10.0, "code": {}, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+    def cache(row: str, seed: int, wall: float, ok: bool = True) -> None:
+        d = tmp_path / "runs" / row / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"row": row, "seed": seed, "ok": ok, "wall_s": wall, "metrics": {}}))
+
+    cache("ce", 0, 1000.0)  # ce's cached seeds take far longer than the 300 s left
+    cache("ce", 1, 900.0)
+    cache("corn", 0, 5000.0, ok=False)  # a failed run says nothing about how long corn takes
+    cache("coral", 0, 20.0)  # another row's short run does not make ce's estimate short
+    monkeypatch.setattr(ex, "run_one", fake_run_one)
+    data = tmp_path / "data"
+    (data / "utkface").mkdir(parents=True)
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 300))
+    ex.run_table("utkface", [2], out=tmp_path / "out", runs_dir=tmp_path / "runs", rows=["ce", "corn"], data_root=data,
+                 deadline=deadline)
+    assert started == [("corn", 2)]
+    assert ex._row_walls([], tmp_path / "runs", "ce") == [1000.0, 900.0]
+    assert ex._row_walls([], tmp_path / "runs", "corn") == []
