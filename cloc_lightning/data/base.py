@@ -34,7 +34,16 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, BadFiles, ImageFileDataset, LabelledDataset, TransformedSubset
+from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_long_side
+from cloc_lightning.data.datasets import (
+    IMAGE_EXTENSIONS,
+    BadFiles,
+    ImageFileDataset,
+    LabelledDataset,
+    StoredSubset,
+    TransformedSubset,
+)
+from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
 from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
 from cloc_lightning.data.tables import CSVRows, hash_fraction, integer_label, read_csv_rows
@@ -46,6 +55,7 @@ from cloc_lightning.data.transforms import (
     check_crop_scale,
     eval_transform,
     train_transform,
+    train_view_specs,
 )
 from cloc_lightning.metrics import Task
 from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler, ResumableDataLoader
@@ -55,6 +65,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BaseDataModule"]
 
+
+#: where the training views are made: per sample in the loader workers (torchvision), or per batch on the device
+AugmentOn = Literal["loader", "device"]
 
 #: ``rrc_scale`` default: RandomResizedCrop keeps 50-100 % of the image area
 DEFAULT_RRC_SCALE: tuple[float, float] = (0.5, 1.0)
@@ -78,6 +91,10 @@ def _check_triple(name: str, value: Any, *, positive: bool) -> tuple[float, floa
     return (a, b, c)
 
 
+def _is_uint8_batch(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 4
+
+
 def _auto_workers() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, max(0, cpus - 1))
@@ -98,7 +115,19 @@ class BaseDataModule(L.LightningDataModule):
         batch_size: training batch size (per process under DDP).
         eval_batch_size: validation/test batch size (default: ``batch_size``).
         num_workers: loader worker processes; ``None`` picks ``min(8, cpus - 1)``.
-        pin_memory: pin host memory (useful on GPU).
+        pin_memory: pin the batches' host memory so copies to a GPU overlap the step; ``None``
+            (default) pins when the trainer runs on a CUDA device.
+        cache: decode every image once (:mod:`cloc_lightning.data.cache`): ``none`` (decode in
+            the loader every epoch), ``memory`` (a ``uint8`` store in shared memory) or ``disk``
+            (a memory-mapped store in ``cache_dir``, reused across runs and shared under DDP).
+        cache_dir: the ``disk`` store's folder (default ``$CLOC_CACHE_DIR`` or
+            ``~/.cache/cloc_lightning/images``).
+        cache_size: side in px of the stored training images when the pipeline starts with a
+            RandomResizedCrop (default: the rule in :mod:`cloc_lightning.data.cache`).
+        augment_on: ``loader`` (default; torchvision per sample in the loader workers: the
+            seed-equivalent path) or ``device``: the loader hands over ``uint8`` images and
+            ``on_after_batch_transfer`` makes the views of the whole batch on the training device
+            (:mod:`cloc_lightning.data.device_augment`): the same distributions, not the same pixels.
         image_size: side of the square images fed to the model.
         augment: single-view training augmentation (see :func:`train_transform`).
         rrc_scale: ``(min, max)`` area fraction of the RandomResizedCrop of ``augment:
@@ -140,7 +169,7 @@ class BaseDataModule(L.LightningDataModule):
         batch_size: int = 64,
         eval_batch_size: int | None = None,
         num_workers: int | None = None,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         image_size: int = 32,
         augment: Augment = "crop_flip",
         rrc_scale: tuple[float, float] = DEFAULT_RRC_SCALE,
@@ -154,6 +183,10 @@ class BaseDataModule(L.LightningDataModule):
         seed: int = 0,
         bad_files: BadFiles = "raise",
         predict_root: str | None = None,
+        cache: Cache = "none",
+        cache_dir: str | None = None,
+        cache_size: int | None = None,
+        augment_on: AugmentOn = "loader",
     ) -> None:
         super().__init__()
         with config_errors():
@@ -172,6 +205,10 @@ class BaseDataModule(L.LightningDataModule):
             for c, f in (class_fraction or {}).items():
                 check_float(f"class_fraction[{c}]", f, minimum=0.0, maximum=1.0)
             check_choice("bad_files", bad_files, BadFiles)
+            check_choice("cache", cache, Cache, hint="none, memory (shared memory) or disk (memory-mapped, in cache_dir)")
+            check_choice("augment_on", augment_on, AugmentOn, hint="loader (torchvision per sample) or device (batched, on the GPU)")
+            if cache_size is not None:
+                check_int("cache_size", cache_size, 8, hint="px of the stored images' long side, or null: the rule of cloc_lightning.data.cache")
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = _auto_workers() if num_workers is None else num_workers
@@ -200,6 +237,13 @@ class BaseDataModule(L.LightningDataModule):
         self.seed = seed
         self.bad_files = bad_files
         self.predict_root = predict_root
+        self.cache = cache
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        self.augment_on = augment_on
+        self._device_augment: DeviceAugment | None = None
+        self._stored: dict[str, LabelledDataset] = {}
+        self._device_sets: dict[str, StoredSubset] = {}
         self.class_names: list[str] = []
         self._base: dict[str, LabelledDataset] | None = None
         self.train_set: TransformedSubset | None = None
@@ -238,6 +282,69 @@ class BaseDataModule(L.LightningDataModule):
     def eval_image_transform(self) -> Callable[[Any], Any]:
         """The validation/test transform (resize + normalise)."""
         return eval_transform(self.image_size, self.mean, self.std)
+
+    # ------------------------------------------------------- decode once, augment on the device
+    def train_view_specs(self) -> list[ViewSpec]:
+        """The training pipeline as device :class:`~cloc_lightning.data.device_augment.ViewSpec` s (``augment_on: device``)."""
+        if self.train_views is not None:
+            return self.train_views.device_specs(self.image_size)
+        return train_view_specs(self.image_size, self.augment, self.rrc_scale)
+
+    def store_layout(self, split: str, base: LabelledDataset) -> StoreLayout:
+        """How ``split``'s images are stored (the rule in :mod:`cloc_lightning.data.cache`).
+
+        Evaluation splits and the resize-first training pipelines: resized to ``image_size``;
+        RandomResizedCrop pipelines: the aspect kept, the long side ``cache_size`` or
+        ``max ceil(view size / sqrt(min crop scale))``, capped at the originals' long side.
+        """
+        if split != "train":
+            return StoreLayout("resize", self.image_size)
+        specs = self.train_view_specs()
+        if all(spec.crop == "rrc" for spec in specs):
+            if self.cache_size is not None:
+                return StoreLayout("fit", self.cache_size)
+            return StoreLayout("fit", fit_store_size([(spec.size, spec.scale[0]) for spec in specs], native_long_side(base)))
+        return StoreLayout("resize", self.image_size)
+
+    def _store(self, split: str, base: LabelledDataset) -> LabelledDataset:
+        """``base`` decoded once (``cache`` memory/disk), laid out per item (``augment_on: device`` alone), or as it is."""
+        if self.cache == "none" and self.augment_on == "loader":
+            return base
+        layout = self.store_layout(split, base)
+        if self.cache == "none":
+            return OnTheFlyStore(base, layout)
+        what = f"the {split} split of {type(self).__name__}"
+        return build_store(base, layout, self.cache, what, bad_files=self.bad_files, cache_dir=self.cache_dir,
+                           progress=self._is_rank_zero())
+
+    def _is_rank_zero(self) -> bool:
+        trainer = self.trainer
+        return trainer is None or bool(getattr(trainer, "is_global_zero", True))
+
+    def device_augment(self) -> DeviceAugment:
+        """The batched training pipeline (built once; ``augment_on: device``)."""
+        if self._device_augment is None:
+            self._device_augment = DeviceAugment(self.train_view_specs(), self.mean, self.std, seed=self.seed)
+        return self._device_augment
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """``augment_on: device``: make the training views, or normalise the evaluation images, on the batch's device.
+
+        Training batches arrive as the dicts of :class:`~cloc_lightning.data.datasets.StoredSubset`
+        (with their parameters, drawn in the loader); evaluation batches as ``(uint8 images, labels)``.
+        Anything else (the loader path) passes through unchanged.
+        """
+        if self.augment_on != "device":
+            return batch
+        if isinstance(batch, dict) and "params" in batch:
+            views = self.device_augment().apply(batch["images"], batch["params"])
+            images: Any = views if self.train_views is not None else views[0]
+            return (images, batch["labels"]) if "labels" in batch else images
+        if isinstance(batch, (list, tuple)) and batch and _is_uint8_batch(batch[0]):
+            return (eval_images(batch[0], self.image_size, self.mean, self.std), *batch[1:])
+        if _is_uint8_batch(batch):
+            return eval_images(batch, self.image_size, self.mean, self.std)
+        return batch
 
     def build_predict_set(self) -> LabelledDataset:
         """The images of ``predict_root``: a folder (unlabelled) or a CSV of paths (labelled with a ``label`` column).
@@ -318,12 +425,12 @@ class BaseDataModule(L.LightningDataModule):
         duplicated sample in the metrics, a prediction row under the wrong file name),
         so its unreadable files are found once here and left out, with a warning.
         """
-        if self.bad_files != "skip" or not isinstance(ds, ImageFileDataset) or len(ds) == 0:
+        if self.bad_files != "skip" or not isinstance(ds, (ImageFileDataset, StoredImages, OnTheFlyStore)) or len(ds) == 0:
             return None
         bad = ds.unreadable()
         if not bad:
             return None
-        names = [ds.files[i] for i in bad[:5]]
+        names = [ds.describe(i) for i in bad[:5]]
         return self._skip(len(ds), bad, f"left {len(bad)} unreadable image(s) out of the {split} split, whose metrics and "
                           f"predictions cover the other {len(ds) - len(bad)}: {names}{' ...' if len(bad) > 5 else ''}")
 
@@ -392,11 +499,20 @@ class BaseDataModule(L.LightningDataModule):
         files = getattr(train, "files", None)
         keys = [os.path.basename(f) for f in files] if files is not None else None
         if self.train_set is None:
-            self.train_set = TransformedSubset(
-                train, self.train_indices(train.targets, keys), self.train_image_transform(), seed=self.seed
-            )
-            self.val_set = TransformedSubset(base["val"], self._readable(base["val"], "val"), self.eval_image_transform())
-            self.test_set = TransformedSubset(base["test"], self._readable(base["test"], "test"), self.eval_image_transform())
+            if self.augment_on == "device":
+                self.device_augment()  # a pipeline without a device form fails here, before any decoding
+            stored = self._stored = {split: self._store(split, ds) for split, ds in base.items()}
+            indices = self.train_indices(train.targets, keys)
+            self.train_set = TransformedSubset(stored["train"], indices, self.train_image_transform(), seed=self.seed)
+            readable = {split: self._readable(stored[split], split) for split in ("val", "test")}
+            self.val_set = TransformedSubset(stored["val"], readable["val"], self.eval_image_transform())
+            self.test_set = TransformedSubset(stored["test"], readable["test"], self.eval_image_transform())
+            if self.augment_on == "device":
+                self._device_sets = {
+                    "train": StoredSubset(stored["train"], indices, seed=self.seed, train=True),
+                    "val": StoredSubset(stored["val"], readable["val"], train=False),
+                    "test": StoredSubset(stored["test"], readable["test"], train=False),
+                }
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}.get(
             stage or "fit", ["train", "val", "test"]
         )
@@ -423,6 +539,8 @@ class BaseDataModule(L.LightningDataModule):
         draws from the global RNG (whose state checkpoints restore on resume).
         """
         common: dict[str, Any] = dict(batch_size=batch_size, drop_last=drop_last, **self._worker_kwargs())
+        if isinstance(ds, StoredSubset) and ds.train:
+            common["collate_fn"] = DeviceCollate(self.device_augment())
         if shuffle:
             shard = self._distributed()
             if shard is not None:  # each process's share of the epoch's order, resumable mid-epoch
@@ -437,10 +555,22 @@ class BaseDataModule(L.LightningDataModule):
         workers = self.num_workers
         return dict(
             num_workers=workers,
-            pin_memory=self.pin_memory,
+            pin_memory=self._pin(),
             persistent_workers=workers > 0,
             generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _pin(self) -> bool:
+        """``pin_memory``, or (``None``) whether the trainer's device is a CUDA GPU."""
+        if self.pin_memory is not None:
+            return bool(self.pin_memory)
+        trainer = self.trainer
+        if trainer is None:
+            return False
+        try:
+            return trainer.strategy.root_device.type == "cuda"
+        except (AttributeError, RuntimeError):
+            return False
 
     def _distributed(self) -> tuple[int, int] | None:
         """``(num_replicas, rank)`` when the trainer is distributed and lets the data shard, else ``None``.
@@ -457,7 +587,8 @@ class BaseDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         assert self.train_set is not None, "call setup('fit') first"
-        return self._loader(self.train_set, self.batch_size, True, self.drop_last)
+        ds = self._device_sets.get("train", self.train_set)
+        return self._loader(ds, self.batch_size, True, self.drop_last)
 
     def _eval_loader(self, ds: Dataset[Any], split: str) -> DataLoader[Any]:
         """Validation/test loader; under DDP each process's share, every sample evaluated once.
@@ -499,12 +630,14 @@ class BaseDataModule(L.LightningDataModule):
         return self._loader(ds, self.eval_batch_size, False, False)
 
     def val_dataloader(self) -> DataLoader[Any]:
+        """The validation loader (``augment_on: device``: ``uint8`` batches, normalised in ``on_after_batch_transfer``)."""
         assert self.val_set is not None, "call setup() first"
-        return self._eval_loader(self.val_set, "val")
+        return self._eval_loader(self._device_sets.get("val", self.val_set), "val")
 
     def test_dataloader(self) -> DataLoader[Any]:
+        """The test loader (as :meth:`val_dataloader`)."""
         assert self.test_set is not None, "call setup() first"
-        return self._eval_loader(self.test_set, "test")
+        return self._eval_loader(self._device_sets.get("test", self.test_set), "test")
 
     def predict_dataloader(self) -> DataLoader[Any]:
         """The ``predict_root`` images when set, else the test split (in order).
@@ -522,7 +655,7 @@ class BaseDataModule(L.LightningDataModule):
         """The (subsampled) training set with the *eval* transform, in order (for feature probes)."""
         base = self._ensure_base()
         assert self.train_set is not None, "call setup() first"
-        ds = TransformedSubset(base["train"], self.train_set.indices, self.eval_image_transform())
+        ds = TransformedSubset(self._stored.get("train", base["train"]), self.train_set.indices, self.eval_image_transform())
         return self._loader(ds, self.eval_batch_size, False, False)
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ __all__ = [
     "TensorImageDataset",
     "ImageFileDataset",
     "TransformedSubset",
+    "StoredSubset",
     "to_rgb",
     "IMAGE_EXTENSIONS",
     "BadFiles",
@@ -267,3 +268,40 @@ class TransformedSubset(LabelledDataset):
         self.__dict__.update(state)
         if self._epoch is not None and not self._epoch.is_shared():  # type: ignore[no-untyped-call]
             self._epoch.share_memory_()  # type: ignore[no-untyped-call]
+
+
+class StoredSubset(TransformedSubset):
+    """A stored split (:class:`~cloc_lightning.data.cache.StoredImages` or ``OnTheFlyStore``) for ``augment_on: device``.
+
+    Training items (``train=True``) are dicts: ``images`` (the ``uint8 [3, S, S]`` slot),
+    ``index`` (the base index), ``epoch``, ``native``/``stored`` (the original and stored sizes)
+    and ``labels`` (when labelled); :class:`~cloc_lightning.data.device_augment.DeviceCollate`
+    adds the batch's random parameters in the loader worker, and the data module's
+    ``on_after_batch_transfer`` makes the views on the device.  Evaluation items are
+    ``(uint8 image, label)`` (or the image alone when unlabelled): resized already, normalised on
+    the device.  ``seed`` and the epoch work as in :class:`TransformedSubset`.
+    """
+
+    def __init__(self, base: LabelledDataset, indices: Sequence[int] | None = None, seed: int | None = None, train: bool = True) -> None:
+        if not callable(getattr(base, "stored", None)):
+            raise TypeError(f"StoredSubset needs a stored base set (with .stored(i)), got {type(base).__name__}")
+        super().__init__(base, indices, None, seed)
+        self.train = train
+
+    def __getitem__(self, i: int) -> Any:
+        index = self.indices[i]
+        image, native, stored = self.base.stored(index)  # type: ignore[attr-defined]
+        if not self.train:
+            if not self.labelled:
+                return image
+            return image, torch.tensor(self.base.targets[index], dtype=torch.long)
+        item = {
+            "images": image,
+            "index": torch.tensor(index, dtype=torch.int64),
+            "epoch": torch.tensor(self.epoch, dtype=torch.int64),
+            "native": torch.as_tensor(np.asarray(native), dtype=torch.int32),
+            "stored": torch.as_tensor(np.asarray(stored), dtype=torch.int32),
+        }
+        if self.labelled:
+            item["labels"] = torch.tensor(self.base.targets[index], dtype=torch.long)
+        return item

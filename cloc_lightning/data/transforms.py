@@ -12,11 +12,12 @@ ends with a normalised ``float32`` tensor ``[3, size, size]``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torchvision.transforms import v2
 
+from cloc_lightning.data.device_augment import ViewSpec
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "CIFAR_STD",
     "Augment",
     "train_transform",
+    "train_view_specs",
     "eval_transform",
     "ViewTransform",
     "MultiViewTransform",
@@ -83,6 +85,16 @@ def train_transform(
     return pipeline
 
 
+def train_view_specs(image_size: int, augment: Augment = "crop_flip", rrc_scale: tuple[float, float] = (0.5, 1.0)) -> list[ViewSpec]:
+    """:func:`train_transform`'s pipeline as a device :class:`~cloc_lightning.data.device_augment.ViewSpec` (``augment_on: device``)."""
+    check_choice("augment", augment, Augment)
+    if augment == "rrc_flip":
+        return [ViewSpec(image_size, "rrc", scale=tuple(rrc_scale), flip_p=0.5)]  # type: ignore[arg-type]
+    if augment == "crop_flip":
+        return [ViewSpec(image_size, "pad_crop", padding=max(1, image_size // 8), flip_p=0.5)]
+    return [ViewSpec(image_size, "resize", flip_p=0.5 if augment == "flip" else 0.0)]
+
+
 def check_crop_scale(name: str, value: Sequence[float]) -> tuple[float, float]:
     """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a ``ValueError``/``TypeError``."""
     hint = f"give two numbers [min, max] with 0 < min <= max <= 1, e.g. {name}: [0.2, 1.0]"
@@ -130,6 +142,17 @@ class ViewTransform:
         """The callable mapping one image to a list of ``n_views`` tensors."""
         raise NotImplementedError
 
+    def device_specs(self, image_size: int) -> list[ViewSpec]:
+        """The same views as :meth:`build`, one :class:`~cloc_lightning.data.device_augment.ViewSpec` each (``data.augment_on: device``).
+
+        A subclass without a device form keeps this default, and ``augment_on: device`` is refused
+        with a message naming it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no device form (device_specs); set data.augment_on: loader, or implement "
+            f"{type(self).__name__}.device_specs returning one ViewSpec per view"
+        )
+
 
 class SupConViews(ViewTransform):
     """``n_views`` i.i.d. views with SupCon/SimCLR's augmentation (Khosla et al. 2020).
@@ -173,6 +196,14 @@ class SupConViews(ViewTransform):
             ]
         )
         return MultiViewTransform([one] * self._n_views)
+
+    def device_specs(self, image_size: int) -> list[ViewSpec]:
+        b, c, s, h = (float(v) for v in self.jitter)
+        spec = ViewSpec(
+            self.size or image_size, "rrc", scale=self.scale, flip_p=0.5, jitter=(b, c, s, h), jitter_p=self.jitter_p,
+            grayscale_p=self.grayscale_p,
+        )
+        return [spec] * self._n_views
 
 
 class MultiCropViews(ViewTransform):
@@ -308,3 +339,13 @@ class MultiCropViews(ViewTransform):
         g = self._pipeline(g_size, self.global_scale, True, g_kernel, mean, std)
         loc = self._pipeline(l_size, self.local_scale, False, l_kernel, mean, std)
         return MultiViewTransform([g] * self.num_global_views + [loc] * self.num_local_views)
+
+    def device_specs(self, image_size: int) -> list[ViewSpec]:
+        g_size, l_size = self.sizes(image_size)
+        g_kernel, l_kernel = self.blur_kernels(image_size)
+        b, c, s, h = (float(v) for v in self.jitter)
+        common: dict[str, Any] = dict(flip_p=0.5, jitter=(b, c, s, h), jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p)
+        g = ViewSpec(g_size, "rrc", scale=self.global_scale, blur_kernel=g_kernel, solarize_p=self.solarize_p,
+                     solarize_threshold=float(self.solarize_threshold), **common)
+        loc = ViewSpec(l_size, "rrc", scale=self.local_scale, blur_kernel=l_kernel, **common)
+        return [g] * self.num_global_views + [loc] * self.num_local_views

@@ -1,0 +1,469 @@
+"""Decode once: every image of a split decoded, resized and stored as ``uint8`` a single time.
+
+``data.cache``: ``none`` (decode in the loader, every epoch), ``memory`` (one ``uint8`` tensor in
+shared memory, which loader workers read without a copy) or ``disk`` (a memory-mapped file in
+``data.cache_dir``, keyed by the data and the stored size, reused by later runs and shared by
+the processes of a DDP run).  FFCV's fixed-size raw-pixel fields (``ffcv/fields/rgb_image.py``)
+are the model; the store here is a plain ``[N, 3, S, S]`` array any process can map.
+
+**The stored layout** (:class:`StoreLayout`), the rule that decides how big the stored images are:
+
+* ``resize``: the pipeline starts with a deterministic resize to ``size`` x ``size`` (evaluation,
+  and the single-view ``none``/``flip``/``crop_flip`` training pipelines): the image is stored
+  after exactly that resize (torchvision's antialiased resize of the decoded ``uint8`` image), so
+  the loader path's pixels are the same as without a cache.
+* ``fit``: the pipeline starts with a RandomResizedCrop: the image keeps its aspect, its long side
+  becomes ``S`` (never enlarged), and it sits in the top-left corner of an ``S`` x ``S`` slot; its
+  original and stored sizes are kept, so crops are drawn in the original's pixels.  ``S`` is the
+  smallest side at which the smallest crop still has the output's resolution:
+  ``S = max over views of ceil(size_v / sqrt(min_scale_v))`` (64 px views with ``scale`` 0.2: 144
+  px; 32 px CIFAR: its own 32 px), capped at the largest original side (95th percentile of a
+  sample of the files' headers) and overridden by ``data.cache_size``.  A smaller store changes
+  the data: a 72 px store of 200 px faces gave crops with 11 % less gradient energy
+  (``shared/notes/device-augmentation.md``).
+
+``bad_files`` applies while the store is built: ``raise`` stops at the first unreadable file
+with its name; ``skip`` records it, warns once with the count, and the training set stands the
+next readable image in for it (as without a cache); evaluation sets leave it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
+
+from cloc_lightning.data.datasets import _UNREADABLE, ImageFileDataset, LabelledDataset, TensorImageDataset
+from cloc_lightning.data.errors import DataConfigError
+
+__all__ = [
+    "Cache",
+    "StoreLayout",
+    "StoredImages",
+    "OnTheFlyStore",
+    "store_image",
+    "build_store",
+    "default_cache_dir",
+    "fit_store_size",
+]
+
+#: where decoded images live: decoded in the loader every time, in shared memory, or in a memory-mapped file
+Cache = Literal["none", "memory", "disk"]
+
+_FORMAT = 1  # bump when the stored bytes change meaning
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """How an image is stored: ``resize`` to ``size`` x ``size``, or ``fit`` (aspect kept, long side ``size``, top-left in the slot)."""
+
+    mode: Literal["resize", "fit"]
+    size: int
+
+    def describe(self) -> str:
+        return f"{self.size}x{self.size} px ({'resized' if self.mode == 'resize' else 'aspect kept, long side'})"
+
+
+def fit_store_size(crops: Sequence[tuple[int, float]], native_long_side: int | None) -> int:
+    """``S`` for crops ``(output size, min area fraction)``: ``max ceil(size / sqrt(min_scale))``, capped at ``native_long_side``."""
+    need = max(max(size, math.ceil(size / math.sqrt(scale) - 1e-9)) for size, scale in crops)
+    if native_long_side is not None:
+        need = min(need, max(native_long_side, max(size for size, _ in crops)))
+    return int(need)
+
+
+def _as_uint8(image: Any) -> torch.Tensor:
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+            raise ValueError(f"stored images are uint8 [3, H, W]; got {image.dtype} {tuple(image.shape)}")
+        return image
+    if isinstance(image, Image.Image):
+        arr = np.asarray(image.convert("RGB") if image.mode != "RGB" else image)
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+    raise TypeError(f"cannot store an image of type {type(image).__name__}")
+
+
+def store_image(image: Any, layout: StoreLayout) -> tuple[torch.Tensor, tuple[int, int], tuple[int, int]]:
+    """``(uint8 [3, S, S] slot, original (h, w), stored (h, w))`` of one decoded image."""
+    from torchvision.transforms.v2 import functional as TF
+
+    x = _as_uint8(image)
+    H, W = int(x.shape[1]), int(x.shape[2])
+    S = layout.size
+    if layout.mode == "resize":
+        if (H, W) != (S, S):
+            x = TF.resize(x, [S, S], antialias=True)
+        return x, (H, W), (S, S)
+    long = max(H, W)
+    if long > S:
+        h, w = max(1, round(H * S / long)), max(1, round(W * S / long))
+        x = TF.resize(x, [h, w], antialias=True)
+    else:
+        h, w = H, W
+    if (h, w) == (S, S):
+        return x, (H, W), (h, w)
+    slot = torch.zeros(3, S, S, dtype=torch.uint8)
+    slot[:, :h, :w] = x
+    return slot, (H, W), (h, w)
+
+
+class StoredImages(LabelledDataset):
+    """A split's images decoded once: ``images [N, 3, S, S]`` uint8 (shared memory or a memory map) and their sizes.
+
+    ``load(i)`` returns the stored image (its valid part, for the loader path's transforms);
+    :meth:`stored` the whole slot with the sizes (the device path).  Unreadable files (``ok``
+    false, ``bad_files: skip``) are replaced by the next readable one, with a warning.
+    """
+
+    def __init__(
+        self,
+        base: LabelledDataset,
+        layout: StoreLayout,
+        images: torch.Tensor | None,
+        native: np.ndarray,
+        stored: np.ndarray,
+        ok: np.ndarray,
+        path: str | None = None,
+    ) -> None:
+        self.base = base
+        self.layout = layout
+        self.targets = list(base.targets)
+        self.labelled = bool(getattr(base, "labelled", True))
+        self._images = images
+        self.path = path
+        self.native = native
+        self.stored_hw = stored
+        self.ok = ok
+        self.skipped = 0
+
+    @property
+    def images(self) -> torch.Tensor:
+        if self._images is None:  # a disk store is mapped lazily, by each process itself
+            assert self.path is not None
+            n, S = len(self.targets), self.layout.size
+            arr = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(n, 3, S, S))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only map: torch warns it is not writable
+                self._images = torch.from_numpy(arr)
+        return self._images
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.path is not None:
+            state["_images"] = None
+        return state
+
+    def describe(self, index: int) -> str:
+        return self.base.describe(index)
+
+    def unreadable(self) -> list[int]:
+        """The indices whose file could not be decoded when the store was built."""
+        return [int(i) for i in np.nonzero(~self.ok)[0]]
+
+    def _readable(self, index: int) -> int:
+        if self.ok[index]:
+            return index
+        n = len(self.ok)
+        for step in range(1, min(n, 100)):
+            j = (index + step) % n
+            if self.ok[j]:
+                self.skipped += 1
+                warnings.warn(
+                    f"skipping unreadable image {self.describe(index)!r} ({self.skipped} skipped so far in this process)", stacklevel=3
+                )
+                return j
+        raise RuntimeError(f"100 consecutive unreadable images starting at {self.describe(index)!r}; check the data folder")
+
+    def load(self, index: int) -> torch.Tensor:
+        i = self._readable(index)
+        h, w = (int(v) for v in self.stored_hw[i])
+        return self.images[i, :, :h, :w]
+
+    def stored(self, index: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """``(uint8 [3, S, S], original [2], stored [2])`` of sample ``index``."""
+        i = self._readable(index)
+        return self.images[i], self.native[i], self.stored_hw[i]
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        i = self._readable(index)
+        return self.load(i), self.targets[i]
+
+
+class OnTheFlyStore(LabelledDataset):
+    """``data.cache: none`` with ``augment_on: device``: each image decoded and laid out in the loader, every time."""
+
+    def __init__(self, base: LabelledDataset, layout: StoreLayout) -> None:
+        self.base = base
+        self.layout = layout
+        self.targets = list(base.targets)
+        self.labelled = bool(getattr(base, "labelled", True))
+
+    def describe(self, index: int) -> str:
+        return self.base.describe(index)
+
+    def load(self, index: int) -> Any:
+        return self.base.load(index)
+
+    def stored(self, index: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        image, _ = self.base[index]  # the base set's bad_files rule (skip: the next readable image)
+        slot, native, stored = store_image(image, self.layout)
+        return slot, np.asarray(native, dtype=np.int32), np.asarray(stored, dtype=np.int32)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.base[index]
+
+    def unreadable(self) -> list[int]:
+        fn = getattr(self.base, "unreadable", None)
+        return list(fn()) if fn is not None else []
+
+
+# ----------------------------------------------------------------------------
+# building
+# ----------------------------------------------------------------------------
+def default_cache_dir() -> str:
+    """``$CLOC_CACHE_DIR``, else ``$XDG_CACHE_HOME/cloc_lightning/images``, else ``~/.cache/cloc_lightning/images``."""
+    env = os.environ.get("CLOC_CACHE_DIR")
+    if env:
+        return os.path.expanduser(env)
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "cloc_lightning", "images")
+
+
+def native_long_side(base: LabelledDataset, sample: int = 256) -> int | None:
+    """The 95th percentile of the images' longer sides, from the headers of up to ``sample`` files (``None``: unknown)."""
+    n = len(base)
+    if n == 0:
+        return None
+    picks = sorted({int(i * n / min(n, sample)) for i in range(min(n, sample))})
+    sides: list[int] = []
+    for i in picks:
+        if isinstance(base, ImageFileDataset):
+            try:
+                with Image.open(base.files[i]) as img:
+                    sides.append(max(img.size))
+            except _UNREADABLE:
+                continue
+        else:
+            try:
+                img = base.load(i)
+            except _UNREADABLE:
+                continue
+            sides.append(int(max(img.shape[-2:])) if isinstance(img, torch.Tensor) else max(img.size))
+    if not sides:
+        return None
+    return int(np.percentile(np.asarray(sides), 95, method="higher"))
+
+
+def _fingerprint(base: LabelledDataset) -> str:
+    """What identifies a split's images: file paths, sizes and times; or the bytes of an in-memory set."""
+    h = hashlib.sha256()
+    h.update(type(base).__name__.encode())
+    if isinstance(base, ImageFileDataset):
+        for f in base.files:
+            st = os.stat(f)
+            h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    elif isinstance(base, TensorImageDataset):
+        h.update(str(tuple(base.images.shape)).encode())
+        h.update(hashlib.sha256(base.images.contiguous().numpy().tobytes()).digest())
+    else:
+        path = getattr(base, "path", None)
+        if path is not None and os.path.exists(str(path)):
+            st = os.stat(str(path))
+            h.update(f"{os.path.abspath(str(path))}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        for i in range(len(base)):
+            h.update(base.describe(i).encode() + b"\n")
+    h.update(str(base.targets).encode())
+    return h.hexdigest()
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _free_shared_memory() -> int | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _decode_into(
+    base: LabelledDataset, layout: StoreLayout, out: np.ndarray | torch.Tensor, native: np.ndarray, stored: np.ndarray,
+    ok: np.ndarray, what: str, bad_files: str, progress: bool,
+) -> None:
+    """Decode every image of ``base`` into ``out[i]`` (threads: PIL and torch release the GIL)."""
+    from tqdm import tqdm  # type: ignore[import-untyped]  # Lightning's dependency; no stubs installed
+
+    n = len(base)
+    target = out if isinstance(out, torch.Tensor) else torch.from_numpy(out)
+
+    def one(i: int) -> tuple[int, BaseException | None]:
+        try:
+            image = base.load(i)
+        except _UNREADABLE as e:
+            return i, e
+        slot, nat, sto = store_image(image, layout)
+        target[i].copy_(slot)
+        native[i], stored[i] = nat, sto
+        return i, None
+
+    workers = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)))
+    bar = tqdm(total=n, desc=f"decoding {what}", unit="img", disable=not progress, mininterval=1.0)
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for i, err in pool.map(one, range(n), chunksize=32):
+                bar.update(1)
+                if err is None:
+                    continue
+                if bad_files == "raise":
+                    raise DataConfigError(
+                        f"cannot read image {base.describe(i)!r} while building the image cache of {what} "
+                        f"({type(err).__name__}: {err}); fix or remove the file, or set data.bad_files: skip"
+                    ) from err
+                ok[i] = False
+    finally:
+        bar.close()
+    bad = int((~ok).sum())
+    if bad:
+        names = [base.describe(int(i)) for i in np.nonzero(~ok)[0][:5]]
+        warnings.warn(f"bad_files: skip: {bad} unreadable image(s) in {what} were not cached: {names}{' ...' if bad > 5 else ''}", stacklevel=2)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (other processes building the same store wait here)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _complete(folder: Path, n: int, size: int) -> bool:
+    info = folder / "info.json"
+    data = folder / "images.u8"
+    if not info.is_file() or not data.is_file():
+        return False
+    try:
+        meta = json.loads(info.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(meta.get("complete")) and meta.get("n") == n and meta.get("size") == size and data.stat().st_size == n * 3 * size * size
+
+
+def build_store(
+    base: LabelledDataset,
+    layout: StoreLayout,
+    cache: Cache,
+    what: str,
+    bad_files: str = "raise",
+    cache_dir: str | None = None,
+    progress: bool = True,
+) -> StoredImages:
+    """Decode ``base`` once into a :class:`StoredImages` (``cache``: ``memory`` or ``disk``).
+
+    Prints the size before building; stops with a :class:`DataConfigError` naming the fix when
+    it does not fit (free shared memory for ``memory``, free disk space for ``disk``).  A disk
+    store is built by one process under a file lock while the others wait, into a temporary
+    folder renamed into place when complete, so a partial store is never read.
+    """
+    n = len(base)
+    S = layout.size
+    nbytes = n * 3 * S * S
+    fix = "set data.cache_size to store smaller images, data.cache: disk (memory-mapped), or data.cache: none"
+    if cache == "memory":
+        free = _free_shared_memory()
+        avail = _available_memory()
+        limit = min(v for v in (free, avail) if v is not None) if (free is not None or avail is not None) else None
+        if limit is not None and nbytes > 0.9 * limit:
+            raise DataConfigError(
+                f"data.cache: memory: {what} needs {_gb(nbytes)} ({n} images at {layout.describe()}), but only {_gb(limit)} of "
+                f"shared memory (/dev/shm) and RAM are free; {fix}"
+            )
+        rank_zero_info(f"data.cache: memory: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} of shared memory")
+        images = torch.empty((n, 3, S, S), dtype=torch.uint8)
+        if nbytes:
+            images.share_memory_()  # type: ignore[no-untyped-call]
+        native = np.zeros((n, 2), dtype=np.int32)
+        stored = np.zeros((n, 2), dtype=np.int32)
+        ok = np.ones(n, dtype=bool)
+        _decode_into(base, layout, images, native, stored, ok, what, bad_files, progress)
+        return StoredImages(base, layout, images, native, stored, ok)
+    if cache != "disk":
+        raise ValueError(f"build_store: cache must be 'memory' or 'disk', got {cache!r}")
+    root = Path(os.path.expanduser(cache_dir or default_cache_dir()))
+    key = hashlib.sha256(f"{_FORMAT}\0{layout.mode}\0{S}\0{_fingerprint(base)}".encode()).hexdigest()[:24]
+    folder = root / key
+    if not _complete(folder, n, S):
+        rank_zero_info(
+            f"data.cache: disk: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} in {str(folder)!r} "
+            "(one process builds it, the others wait; later runs reuse it)"
+        )
+        with _locked(root / f"{key}.lock"):
+            if not _complete(folder, n, S):
+                _build_disk(base, layout, folder, what, bad_files, progress, nbytes, fix)
+    meta = np.load(folder / "meta.npz")
+    return StoredImages(base, layout, None, meta["native"], meta["stored"], meta["ok"], path=str(folder / "images.u8"))
+
+
+def _build_disk(
+    base: LabelledDataset, layout: StoreLayout, folder: Path, what: str, bad_files: str, progress: bool, nbytes: int, fix: str
+) -> None:
+    root = folder.parent
+    for stale in root.glob(f"{folder.name}.partial-*"):  # a build killed before its rename: never read, removed here
+        shutil.rmtree(stale, ignore_errors=True)
+    free = shutil.disk_usage(root).free
+    if nbytes > free - (1 << 28):
+        raise DataConfigError(
+            f"data.cache: disk: {what} needs {_gb(nbytes)} in {str(root)!r}, which has {_gb(free)} free; "
+            f"set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}"
+        )
+    n, S = len(base), layout.size
+    tmp = root / f"{folder.name}.partial-{os.getpid()}"
+    tmp.mkdir(parents=True)  # raw bytes (not .npy), so that any tool can map them
+    mm = np.memmap(tmp / "images.u8", dtype=np.uint8, mode="w+", shape=(max(n, 1), 3, S, S))
+    native = np.zeros((n, 2), dtype=np.int32)
+    stored = np.zeros((n, 2), dtype=np.int32)
+    ok = np.ones(n, dtype=bool)
+    _decode_into(base, layout, mm[:n], native, stored, ok, what, bad_files, progress)
+    mm.flush()
+    del mm
+    if n == 0:
+        os.truncate(tmp / "images.u8", 0)
+    np.savez(tmp / "meta.npz", native=native, stored=stored, ok=ok)
+    (tmp / "info.json").write_text(json.dumps({
+        "format": _FORMAT, "what": what, "n": n, "size": S, "mode": layout.mode, "complete": True,
+        "unreadable": int((~ok).sum()),
+    }, indent=1))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.rename(tmp, folder)
