@@ -99,7 +99,8 @@ def _mix(z: np.ndarray) -> np.ndarray:
     z = z + _GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    out: np.ndarray = z ^ (z >> np.uint64(31))
+    return out
 
 
 def uniforms(seed: int, epoch: np.ndarray, index: np.ndarray, stream: int, n: int) -> np.ndarray:
