@@ -43,6 +43,7 @@ ORDER: dict[str, str] = {
     "rnc": "Rank-N-Contrast loss (ours vs the authors' loop; SupCon beside it)",
     "lightning_overhead": "Lightning step overhead and EMA update",
     "throughput": "Training-step throughput (ours vs plain PyTorch vs lightly) and data pipeline",
+    "data_path": "The data path inside Trainer.fit: loader path vs decode once + augment on the device",
 }
 
 
