@@ -34,6 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = ("configs/simclr/utkface.yaml", "configs/relic/cifar10_cpu.yaml", "configs/supcon/cifar10_cpu.yaml")
 DEVICE_PATH = ["--data.cache", "memory", "--data.augment_on", "device"]
 _OUT_ENV = "CLOC_BENCH_DATA_PATH_OUT"
+#: ``cpu`` here; the GPU script (``.ci/gpu/run.sh``) sets ``CLOC_BENCH_ACCELERATOR=gpu`` and ``CLOC_BENCH_BACKBONE=resnet18``
+ACCELERATOR = os.environ.get("CLOC_BENCH_ACCELERATOR", "cpu")
+BACKBONE = os.environ.get("CLOC_BENCH_BACKBONE", "test_resnet")
 
 
 class DataPathClock(L.Callback):
@@ -59,6 +62,8 @@ class DataPathClock(L.Callback):
         def timed(batch: Any, dataloader_idx: int) -> Any:
             t0 = time.perf_counter()
             out = inner(batch, dataloader_idx)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the benchmark's clock only: the device stage is asynchronous on a GPU
             self._stage += time.perf_counter() - t0
             return out
 
@@ -87,6 +92,8 @@ class DataPathClock(L.Callback):
         self._start = now
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self._end = time.perf_counter()
         if self._start is not None:
             self.steps.append(self._end - self._start)
@@ -113,10 +120,10 @@ def measure(config: str, extra: list[str], batches: int, root: Path) -> dict[str
     os.environ[_OUT_ENV] = str(out)
     args = [
         "fit", "--config", str(REPO / config),
-        "--model.backbone", "test_resnet", "--data.num_workers", "0",
+        "--model.backbone", BACKBONE, "--data.num_workers", "0",
         "--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "0",
         "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
-        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.enable_progress_bar", "false",
+        "--trainer.accelerator", ACCELERATOR, "--trainer.devices", "1", "--trainer.enable_progress_bar", "false",
         "--trainer.callbacks+=benchmarks.bench_data_path.DataPathClock", "--trainer.default_root_dir", str(out.with_suffix("")),
         *extra,
     ]
@@ -143,7 +150,7 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
     """Measure every config on both paths, then the SimCLR pipeline at four sizes; return ``(markdown, data)``."""
     torch.set_num_threads(1)
     batches = 6 if quick else 16
-    data: dict[str, Any] = {"configs": {}, "sizes": {}, "threads": 1, "batches": batches,
+    data: dict[str, Any] = {"configs": {}, "sizes": {}, "threads": 1, "batches": batches, "accelerator": ACCELERATOR, "backbone": BACKBONE,
                             "date": time.strftime("%Y-%m-%d"), "loadavg_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -195,10 +202,10 @@ def render(data: dict[str, Any]) -> str:
         "<!-- produced by: python -m benchmarks --only data_path -->",
         "# The data path inside Trainer.fit",
         "",
-        f"Measured {data['date']} on this machine's CPU, one torch thread, no loader workers, backbone `test_resnet`, "
+        f"Measured {data['date']} with accelerator `{data['accelerator']}`, one torch thread, no loader workers, backbone `{data['backbone']}`, "
         f"{data['batches']} training batches per run (the first two not timed), medians per item; load average "
         f"{data['loadavg_before']:.1f} before, {data['loadavg_after']:.1f} after. Device path = "
-        "`--data.cache memory --data.augment_on device` (the device stage runs on the CPU here).",
+        "`--data.cache memory --data.augment_on device` (on the CPU accelerator the device stage runs on the CPU).",
         "",
         markdown_table(head, rows),
         "",

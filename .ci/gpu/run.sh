@@ -14,7 +14,9 @@
 #    GPU tier generates stand-ins in the same layout and its tables say so);
 # 3. `pytest -m gpu` (tests/gpu/ and the fp16 loss checks): every shipped config at 32-true, 16-mixed and
 #    bf16-mixed, the losses under autocast against float64 references, host syncs, peak memory;
-# 4. `python -m benchmarks --only throughput`, where benchmarks/bench_throughput.py exists.
+# 4. `python -m benchmarks --only throughput`, where benchmarks/bench_throughput.py exists;
+# 5. `python -m benchmarks --only data_path` on the GPU with resnet18 (loader vs --data.cache memory
+#    --data.augment_on device inside Trainer.fit), where the data tar holds UTKFace and CIFAR-10.
 #
 # Every table goes to ONE folder: $OUT (as on the device tool) or $CLOC_GPU_OUT, else /tmp/cloc-gpu-out:
 # run.log, gpu_configs.{md,json}, gpu_losses.{md,json}, throughput.{md,json}.
@@ -82,6 +84,21 @@ else
   stamp "benchmarks/bench_throughput.py not in this checkout: no throughput table"
 fi
 
-stamp "done: pytest -m gpu exit $tier, benchmark exit $bench; tables in $OUT:"
+# ---------------------------------------------------------------- 5. the data path on the GPU (issue 39)
+datapath=0
+if [ -f benchmarks/bench_data_path.py ] && [ -d "${CLOC_SHARED_DATA:-/nonexistent}/utkface" ]; then
+  stamp "python -m benchmarks --only data_path on the GPU, resnet18 (budget ${CLOC_GPU_DATA_PATH_BUDGET:-120} s)"
+  touch "$WORK/datapath-start"
+  CLOC_BENCH_ACCELERATOR=gpu CLOC_BENCH_BACKBONE=resnet18 \
+    timeout -s INT -k 30 "${CLOC_GPU_DATA_PATH_BUDGET:-120}" "$VPY" -m benchmarks --only data_path ${CLOC_GPU_BENCH_ARGS:-}
+  datapath=$?
+  for f in benchmarks/results/data_path.md benchmarks/results/data_path.json; do
+    if [ -f "$f" ] && [ "$f" -nt "$WORK/datapath-start" ]; then cp "$f" "$OUT/gpu_$(basename "$f")"; else echo "no new $f"; fi
+  done
+else
+  stamp "no data_path benchmark (needs benchmarks/bench_data_path.py and the carried UTKFace/CIFAR-10 data)"
+fi
+
+stamp "done: pytest -m gpu exit $tier, benchmark exit $bench, data path exit $datapath; tables in $OUT:"
 ls -l "$OUT"
-[ $tier -eq 0 ] && [ $bench -eq 0 ]
+[ $tier -eq 0 ] && [ $bench -eq 0 ] && [ $datapath -eq 0 ]

@@ -335,11 +335,21 @@ class DeviceAugment:
 # ----------------------------------------------------------------------------
 # the batched operations (float images in [0, 1], per-sample factors [N, 1, 1, 1])
 # ----------------------------------------------------------------------------
+_CONSTANTS: dict[tuple[tuple[float, ...], torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _constant(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    """``values`` as a ``[1, C, 1, 1]`` tensor on ``like``'s device, copied there once (a copy from the host each step could wait)."""
+    key = (tuple(float(v) for v in values), like.device, like.dtype)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        found = _CONSTANTS[key] = torch.tensor(key[0], dtype=like.dtype).view(1, -1, 1, 1).to(like.device)
+    return found
+
+
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """``(x - mean) / std`` per channel of ``[N, 3, H, W]``."""
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return (x - m) / s
+    return (x - _constant(mean, x)) / _constant(std, x)
 
 
 def grayscale(x: torch.Tensor) -> torch.Tensor:
