@@ -271,3 +271,10 @@ def test_encoder_ckpt_missing_or_from_the_wrong_module(tmp_path: Path) -> None:
     assert LinearProbeModule(num_classes=4, encoder_ckpt=str(FIXTURE_CKPT)).feature_dim == 16
     with pytest.raises(ValueError, match="backbone mismatch"):
         LinearProbeModule(num_classes=4, encoder_ckpt=str(FIXTURE_CKPT), backbone="resnet18")
+
+
+def test_probe_checkpoint_on_the_device_data_path_equals_the_loader_path(ce_ckpt: Path) -> None:
+    """``data.augment_on: device`` hands the loop uint8 batches; the offline probe reads loader-finished ones."""
+    loader = probe_checkpoint(str(ce_ckpt), _shapes(noise=4.0), max_iter=300)
+    device = probe_checkpoint(str(ce_ckpt), _shapes(noise=4.0, cache="memory", augment_on="device"), max_iter=300)
+    assert device["n_test"] == loader["n_test"] and device["top1"] == pytest.approx(loader["top1"])
