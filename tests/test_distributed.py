@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from cloc_lightning import distributed as D
@@ -100,3 +101,71 @@ def test_the_command_line_releases_the_process_group_whatever_way_it_ends(capsys
             assert not dist.is_initialized(), args
         finally:
             D.release_process_group()
+
+
+# ------------------------------------------------------------------ equal sizes: no size exchange, no host read
+def _rank_fn_equal_sizes(rank: int, world: int, sizes: tuple[int, ...]) -> dict:
+    """:func:`_rank_fn` inside ``assume_equal_sizes()``, counting the host reads (``Tensor.item``) it makes; then an
+    explicit ``equal_sizes=False`` inside the block, which exchanges the sizes again."""
+    reads: list[str] = []
+    item = torch.Tensor.item
+
+    def counting_item(t: torch.Tensor) -> Any:
+        reads.append("item")
+        return item(t)
+
+    torch.Tensor.item = counting_item  # type: ignore[method-assign]
+    try:
+        with D.assume_equal_sizes():
+            assert D.sizes_assumed_equal()
+            out = _rank_fn(rank, world, sizes)
+            out["reads"] = len(reads)
+            out["offset_exchanged"] = D.local_offset(sizes[rank], equal_sizes=False)
+            out["reads_exchanged"] = len(reads) - out["reads"]
+            with D.assume_equal_sizes(False):
+                out["inner"] = D.sizes_assumed_equal()
+            out["restored"] = D.sizes_assumed_equal()
+    finally:
+        torch.Tensor.item = item  # type: ignore[method-assign]
+    out["outside"] = D.sizes_assumed_equal()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_gather_with_equal_sizes_reads_nothing_and_equals_single_process() -> None:
+    sizes = (3, 3)
+    results = run_distributed(_rank_fn_equal_sizes, 2, sizes)
+    loss, grad = _single(sizes)
+    for r, res in enumerate(results):
+        assert res["reads"] == 0, res["reads"]  # gather, gather_no_grad, local_offset and global_mean
+        assert res["offset"] == res["offset_exchanged"] == 3 * r and res["reads_exchanged"] == 2  # one .item() per rank
+        assert (res["inner"], res["restored"], res["outside"]) == (False, True, False)
+        torch.testing.assert_close(res["loss"], loss, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(res["grad"], grad[3 * r : 3 * r + 3], rtol=1e-10, atol=1e-10)
+        assert torch.equal(res["labels"], torch.cat([torch.arange(3), torch.arange(3) + 100]))
+
+
+def test_equal_sizes_come_from_full_batches_only() -> None:
+    """``loader_batches_equal``: a DataLoader that batches itself with ``drop_last``; anything else may differ per rank."""
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    data = list(range(10))
+    assert D.loader_batches_equal(DataLoader(data, batch_size=4, drop_last=True))
+    assert not D.loader_batches_equal(DataLoader(data, batch_size=4, drop_last=False))
+    assert not D.loader_batches_equal(DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), 4, drop_last=True)))
+    assert not D.loader_batches_equal([DataLoader(data, batch_size=4, drop_last=True)])  # several loaders: not read
+    assert not D.loader_batches_equal(None)
+    assert not D.sizes_assumed_equal() and D.sizes_assumed_equal(True) and not D.sizes_assumed_equal(False)
+    with D.assume_equal_sizes():
+        assert D.sizes_assumed_equal() and not D.sizes_assumed_equal(False)
+    assert D.mean_scale(4, torch.zeros(())) == 0.25  # one process: 1 / n
+
+
+def test_training_gathers_of_a_module_without_trainer_exchange_sizes() -> None:
+    from cloc_lightning.methods import CEModule
+    from tests.conftest import TINY_BACKBONE
+
+    module = CEModule(num_classes=3, backbone=TINY_BACKBONE)
+    with module.training_gathers():
+        assert not D.sizes_assumed_equal()

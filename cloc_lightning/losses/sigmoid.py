@@ -406,12 +406,13 @@ def _row_mean_scale(n_local: int, distributed: bool, like: torch.Tensor) -> floa
     """Factor turning a sum over local rows into this rank's share of the global row mean.
 
     ``1 / n`` on one process; ``W / N`` under DDP (:func:`cloc_lightning.distributed.global_mean`'s
-    convention: the mean over ranks of the returned values is the mean over all rows).
+    convention: the mean over ranks of the returned values is the mean over all rows), which is
+    ``1 / n`` again, exchanged with no rank, when the sizes are known to be equal
+    (:func:`cloc_lightning.distributed.mean_scale`).
     """
     if not distributed:
         return 1.0 / n_local
-    n_global = dist_utils.all_reduce_sum(torch.tensor(float(n_local), device=like.device, dtype=like.dtype))
-    return dist_utils.world_size() / n_global
+    return dist_utils.mean_scale(n_local, like)
 
 
 # ----------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Literal, cast
 
 import lightning as L
@@ -53,6 +54,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
+from cloc_lightning import distributed as dist_utils
 from cloc_lightning.checkpoints import (
     DEFAULT_ENCODER_PREFIX,
     ENCODER_META_KEY,
@@ -504,6 +506,24 @@ class BaseModule(L.LightningModule):
         return report
 
     # ---------------------------------------------------------------- helpers
+    def training_gathers(self) -> AbstractContextManager[None]:
+        """The block a training step computes its losses in (``with self.training_gathers(): ...``).
+
+        Under DDP the contrastive losses gather the global batch (:mod:`cloc_lightning.distributed`);
+        rows of unknown counts need every rank's count read on the host, a device sync per gather
+        on a GPU.  The training loader tells when that is needless: with ``drop_last`` and a
+        ``batch_size`` (the data modules' default) every batch on every process is full
+        (:func:`~cloc_lightning.distributed.loader_batches_equal`), so the block assumes equal sizes
+        (:func:`~cloc_lightning.distributed.assume_equal_sizes`) and nothing is read.  Without a
+        Trainer, with ``drop_last: false`` or a loader of its own batching, the sizes are exchanged
+        as always.  Only the training step opens it: evaluation batches may differ across processes.
+        """
+        try:
+            loader = self.trainer.train_dataloader
+        except (RuntimeError, AttributeError):  # not attached to a Trainer (plain Python use, Fabric)
+            loader = None
+        return dist_utils.assume_equal_sizes(dist_utils.loader_batches_equal(loader))
+
     def extract_features(self, x: torch.Tensor) -> torch.Tensor:
         """Backbone features ``[B, feature_dim]`` (what linear probes read)."""
         features: torch.Tensor = self.backbone(x)

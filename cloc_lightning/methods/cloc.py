@@ -256,7 +256,8 @@ class CLOCModule(ClassifierModule):
         features = self.backbone(x)
         logits = self.head(features)
         ce = F.cross_entropy(upcast(logits), y)  # float32 (float64 under 64-true)
-        cloc = self.cloc_loss(self.cloc_embedding(features, logits), y)
+        with self.training_gathers():  # full batches on every process: the gathers read no sizes
+            cloc = self.cloc_loss(self.cloc_embedding(features, logits), y)
         loss: torch.Tensor = ce + self.hparams.loss_weight * cloc
         n = y.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=n)

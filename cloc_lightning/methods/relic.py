@@ -353,7 +353,8 @@ class ReLICModule(MomentumModule):
         step = self._step()
         gamma = self.gamma_at(step)
         if self.mini_batch_size is not None:
-            loss, invariance, probe_logs = self.manual_optimizer_step(step, lambda: self.accumulate_gradients(views, y, gamma, step))
+            with self.training_gathers():  # full batches (and mini-batches) on every process: the gathers read no sizes
+                loss, invariance, probe_logs = self.manual_optimizer_step(step, lambda: self.accumulate_gradients(views, y, gamma, step))
             total = loss
         else:
             target, features = [], None
@@ -363,7 +364,8 @@ class ReLICModule(MomentumModule):
                 if i == 0:
                     features = F.normalize(upcast(f), dim=1)
             online = [self.online_projection(v) for v in views]
-            loss, invariance = self.multicrop_loss(online, target, gamma, step)
+            with self.training_gathers():  # full batches on every process: the gathers read no sizes
+                loss, invariance = self.multicrop_loss(online, target, gamma, step)
             probe_loss, probe_logs = self.online_eval.training_step(features, y)  # type: ignore[arg-type]
             total = loss if probe_loss is None else loss + probe_loss
         self._log_train(loss, invariance, probe_logs, gamma, step, bsz)

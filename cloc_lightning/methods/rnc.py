@@ -191,7 +191,8 @@ class RnCModule(MultiViewModule):
                 f"{type(self).__name__}: the data's targets are floats, but the online probe and kNN monitor classify "
                 "(integer classes); set model.online_probe: false and model.knn_k: 0"
             )
-        loss, feats = self.views_loss(list(views), y)
+        with self.training_gathers():  # full batches on every process: the gathers read no sizes
+            loss, feats = self.views_loss(list(views), y)
         bsz = int(y.shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         if y.is_floating_point():

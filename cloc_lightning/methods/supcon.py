@@ -143,7 +143,8 @@ class SupConModule(MultiViewModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         views, y = self.split_batch(batch, expect_views=True, owner=type(self).__name__)
-        loss, feats = self.views_loss(list(views), y)
+        with self.training_gathers():  # full batches on every process: the gathers read no sizes
+            loss, feats = self.views_loss(list(views), y)
         bsz = int(y.shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         return self.add_online_eval_loss(loss, feats, y.repeat(self.n_views), batch_size=bsz)
