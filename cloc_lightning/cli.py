@@ -37,7 +37,9 @@ from typing import Any, NoReturn
 import yaml
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
 
 import cloc_lightning.data  # registers the data modules (also imported for BaseDataModule below)
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
@@ -52,6 +54,7 @@ from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.distributed import release_process_group
 from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
+from cloc_lightning.nn.pretrained import normalization_mismatch
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
 
 __all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
@@ -645,11 +648,23 @@ class CLOCLightningCLI(LightningCLI):
     def _before_subcommand(self) -> None:
         """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions."""
         self._resolve_ckpt_path()
+        self._check_normalization()
         callbacks: list[Any] = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
         if self.subcommand == "predict" and not any(isinstance(cb, PredictionWriter) for cb in callbacks):
             callbacks.append(PredictionWriter())
 
     before_fit = before_validate = before_test = before_predict = _before_subcommand
+
+    def _check_normalization(self) -> None:
+        """Warn (once, rank 0) when the data module normalises its inputs differently from what the model's
+        pretrained backbone weights were trained with (:func:`cloc_lightning.nn.pretrained.normalization_mismatch`)."""
+        backbone = getattr(self.model, "backbone", None)
+        if not isinstance(backbone, nn.Module) or self.datamodule is None:
+            return
+        data = DataInfo(self.datamodule, type(self.model).__name__).normalization
+        message = normalization_mismatch(backbone, *(data or (None, None)))
+        if message:
+            rank_zero_warn(message)
 
     def after_fit(self) -> None:
         trainer = self.trainer

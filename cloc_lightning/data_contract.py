@@ -21,6 +21,8 @@ Fields (the two required ones are :class:`DataContract`):
 * ``n_views`` and ``train_views`` (optional): training views per sample and the multi-view
   specification; the view checks of SupCon/SimCLR, RnC and ReLIC.
 * ``image_size`` (optional): side of the images the model sees; OrdinalCLIP (CLIP's fixed input size).
+* ``mean``, ``std`` (optional): the per-channel input normalisation; the command line warns when it differs
+  from what a pretrained backbone's weights were trained with (:mod:`cloc_lightning.nn.pretrained`).
 * ``batch_size``, ``drop_last``, ``train_set`` (optional): ReLIC's ``mini_batch_size`` check.
 * ``val_fraction`` (optional): held-out share of the training set (0: validation is the test split);
   the end-of-fit summary says so.
@@ -148,6 +150,14 @@ class DataInfo:
         """Side (or ``(height, width)``) of the images the model sees (``None``: not given)."""
         value: int | Sequence[int] | None = getattr(self.datamodule, "image_size", None)
         return value
+
+    @property
+    def normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The input normalisation ``(mean, std)``, one value per channel (``None``: the data module does not say)."""
+        mean, std = getattr(self.datamodule, "mean", None), getattr(self.datamodule, "std", None)
+        if mean is None or std is None:
+            return None
+        return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
     @property
     def batch_size(self) -> int | None:

