@@ -246,3 +246,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     late = [i for i in items if i.path.name == "test_configs.py" and i.path.parent.name == "gpu"]
     if late:
         items[:] = [i for i in items if i not in late] + late
+
+
+@pytest.fixture(scope="module")
+def data(cifar10_folder: tuple[Path, str], utkface_folder: tuple[Path, str], torchvision_root: Path) -> dict[str, tuple[Path, str]]:
+    """Every data source of the tier: ``{name: (root, where it came from)}`` (test_configs, test_device_path_gpu)."""
+    return {"cifar10": cifar10_folder, "utkface": utkface_folder,
+            "torchvision": (torchvision_root, "generated (random images, torchvision's file layout)")}

@@ -188,11 +188,6 @@ def _sync_report(syncs: list[dict[str, Any]]) -> str:
     return "\n".join([*lines, f"stack of the first (batch {first['batch']}):", "".join(first["stack"])])
 
 
-@pytest.fixture(scope="module")
-def data(cifar10_folder: tuple[Path, str], utkface_folder: tuple[Path, str], torchvision_root: Path) -> dict[str, tuple[Path, str]]:
-    return {"cifar10": cifar10_folder, "utkface": utkface_folder,
-            "torchvision": (torchvision_root, "generated (random images, torchvision's file layout)")}
-
 
 def _probe_config(config: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path], configs_table: Table,
                   tmp_path: Path) -> None:
