@@ -311,10 +311,7 @@ def probe_checkpoint(
     datamodule.setup("test")
     train_loader = labelled_loader(datamodule.train_eval_dataloader())
     whole = getattr(datamodule, "whole_split_dataloader", None)  # loader-finished batches (also under data.augment_on: device)
-    if callable(whole):
-        eval_loader = whole(split)
-    else:
-        eval_loader = datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader()
+    eval_loader = whole(split) if callable(whole) else (datamodule.test_dataloader() if split == "test" else datamodule.val_dataloader())
     train_X, train_y = extract_features(encoder, train_loader, device, settings["normalize"])
     test_X, test_y = extract_features(encoder, eval_loader, device, settings["normalize"])
     result: dict[str, Any] = logistic_regression_probe(
