@@ -31,7 +31,11 @@ import lightning as L
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = ("configs/simclr/utkface.yaml", "configs/relic/cifar10_cpu.yaml", "configs/supcon/cifar10_cpu.yaml")
+#: the issue's three self-supervised configs first (its goals are stated for them), then the supervised ones on UTKFace
+CONFIGS = (
+    "configs/simclr/utkface.yaml", "configs/relic/cifar10_cpu.yaml", "configs/supcon/cifar10_cpu.yaml",
+    "configs/ce/utkface.yaml", "configs/cloc/utkface.yaml", "configs/corn/utkface.yaml",
+)
 DEVICE_PATH = ["--data.cache", "memory", "--data.augment_on", "device"]
 _OUT_ENV = "CLOC_BENCH_DATA_PATH_OUT"
 #: ``cpu`` here; the GPU script (``.ci/gpu/run.sh``) sets ``CLOC_BENCH_ACCELERATOR=gpu`` and ``CLOC_BENCH_BACKBONE=resnet18``

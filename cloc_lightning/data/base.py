@@ -306,12 +306,15 @@ class BaseDataModule(L.LightningDataModule):
             return StoreLayout("fit", fit_store_size([(spec.size, spec.scale[0]) for spec in specs], native_long_side(base)))
         return StoreLayout("resize", self.image_size)
 
-    def _store(self, split: str, base: LabelledDataset) -> LabelledDataset:
-        """``base`` decoded once (``cache`` memory/disk), laid out per item (``augment_on: device`` alone), or as it is."""
+    def _store(self, split: str, base: LabelledDataset, decode: bool = True) -> LabelledDataset:
+        """``base`` decoded once (``cache`` memory/disk), laid out per item (``augment_on: device`` alone), or as it is.
+
+        ``decode=False``: never decoded ahead (the training split of a validate/test/predict run).
+        """
         if self.cache == "none" and self.augment_on == "loader":
             return base
         layout = self.store_layout(split, base)
-        if self.cache == "none":
+        if self.cache == "none" or not decode:
             return OnTheFlyStore(base, layout)
         what = f"the {split} split of {type(self).__name__}"
         return build_store(base, layout, self.cache, what, bad_files=self.bad_files, cache_dir=self.cache_dir,
@@ -501,7 +504,9 @@ class BaseDataModule(L.LightningDataModule):
         if self.train_set is None:
             if self.augment_on == "device":
                 self.device_augment()  # a pipeline without a device form fails here, before any decoding
-            stored = self._stored = {split: self._store(split, ds) for split, ds in base.items()}
+            # a validate/test/predict run reads no training image: its training split is not decoded ahead
+            lazy = {"train"} if stage in ("validate", "test", "predict") else set()
+            stored = self._stored = {split: self._store(split, ds, decode=split not in lazy) for split, ds in base.items()}
             indices = self.train_indices(train.targets, keys)
             self.train_set = TransformedSubset(stored["train"], indices, self.train_image_transform(), seed=self.seed)
             readable = {split: self._readable(stored[split], split) for split in ("val", "test")}

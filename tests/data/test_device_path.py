@@ -339,3 +339,18 @@ def test_resume_in_process_is_exact_mid_epoch_on_the_device_path(views: str | No
     run("part", stop=True)
     resumed = run("part", ckpt=str(tmp_path / "part" / "last.ckpt"))
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
+
+
+def test_a_test_run_decodes_no_training_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    real = cache_mod.build_store
+
+    def recording(base: Any, layout: StoreLayout, cache: Any, what: str, **kw: Any) -> Any:
+        built.append(what)
+        return real(base, layout, cache, what, **kw)
+
+    monkeypatch.setattr("cloc_lightning.data.base.build_store", recording)
+    dm = OrdinalShapesDataModule(num_classes=3, train_size=24, val_size=8, test_size=8, batch_size=4, num_workers=0, cache="memory")
+    dm.setup("test")
+    assert [w.split()[1] for w in built] == ["val", "test"]
+    assert len(dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)[1]) == 4
