@@ -34,7 +34,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_long_side
+from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_sizes
 from cloc_lightning.data.datasets import (
     IMAGE_EXTENSIONS,
     BadFiles,
@@ -295,7 +295,7 @@ class BaseDataModule(L.LightningDataModule):
 
         Evaluation splits and the resize-first training pipelines: resized to ``image_size``;
         RandomResizedCrop pipelines: the aspect kept, the long side ``cache_size`` or
-        ``max ceil(view size / sqrt(min crop scale))``, capped at the originals' long side.
+        :func:`~cloc_lightning.data.cache.fit_store_size` of the views and the originals' sizes.
         """
         if split != "train":
             return StoreLayout("resize", self.image_size)
@@ -303,7 +303,9 @@ class BaseDataModule(L.LightningDataModule):
         if all(spec.crop == "rrc" for spec in specs):
             if self.cache_size is not None:
                 return StoreLayout("fit", self.cache_size)
-            return StoreLayout("fit", fit_store_size([(spec.size, spec.scale[0]) for spec in specs], native_long_side(base)))
+            long, aspect = native_sizes(base)
+            crops = [(spec.size, spec.scale[0], min(spec.ratio[0], 1 / spec.ratio[1])) for spec in specs]
+            return StoreLayout("fit", fit_store_size(crops, long, aspect))
         return StoreLayout("resize", self.image_size)
 
     def _store(self, split: str, base: LabelledDataset, decode: bool = True) -> LabelledDataset:

@@ -16,9 +16,12 @@ are the model; the store here is a plain ``[N, 3, S, S]`` array any process can 
   becomes ``S`` (never enlarged), and it sits in the top-left corner of an ``S`` x ``S`` slot; its
   original and stored sizes are kept, so crops are drawn in the original's pixels.  ``S`` is the
   smallest side at which the smallest crop still has the output's resolution:
-  ``S = max over views of ceil(size_v / sqrt(min_scale_v))`` (64 px views with ``scale`` 0.2: 144
-  px; 32 px CIFAR: its own 32 px), capped at the largest original side (95th percentile of a
-  sample of the files' headers) and overridden by ``data.cache_size``.  A smaller store changes
+  ``S = max over views of ceil(size_v / sqrt(min_scale_v * min_aspect_v * a))``, with ``min_aspect``
+  the narrowest crop aspect (3/4 for the default ratio) and ``a`` the images' short/long side (5th
+  percentile of a sample of the files' headers; 1 for square data): 64 px views with ``scale`` 0.2 of
+  square faces store 166 px; 32 px CIFAR its own 32 px.  Capped at the originals' long side (95th
+  percentile of the same sample) and overridden by ``data.cache_size``.  The rest of a slot repeats
+  the image's last column and row, so crops at the edge never read padding.  A smaller store changes
   the data: a 72 px store of 200 px faces gave crops with 11 % less gradient energy
   (``shared/notes/device-augmentation.md``).
 
@@ -60,12 +63,13 @@ __all__ = [
     "build_store",
     "default_cache_dir",
     "fit_store_size",
+    "native_sizes",
 ]
 
 #: where decoded images live: decoded in the loader every time, in shared memory, or in a memory-mapped file
 Cache = Literal["none", "memory", "disk"]
 
-_FORMAT = 1  # bump when the stored bytes change meaning
+_FORMAT = 2  # bump when the stored bytes change meaning (2: slots repeat the image's edges)
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,18 @@ class StoreLayout:
         return f"{self.size}x{self.size} px ({'resized' if self.mode == 'resize' else 'aspect kept, long side'})"
 
 
-def fit_store_size(crops: Sequence[tuple[int, float]], native_long_side: int | None) -> int:
-    """``S`` for crops ``(output size, min area fraction)``: ``max ceil(size / sqrt(min_scale))``, capped at ``native_long_side``."""
-    need = max(max(size, math.ceil(size / math.sqrt(scale) - 1e-9)) for size, scale in crops)
+def fit_store_size(crops: Sequence[tuple[int, float, float]], native_long_side: int | None, aspect: float = 1.0) -> int:
+    """``S``, the long side that gives every crop at least its output's resolution.
+
+    ``crops``: ``(output size, min area fraction, min crop aspect)`` per view, the aspect being
+    ``min(ratio[0], 1 / ratio[1])`` (3/4 for torchvision's default ratio).  An image of short/long
+    ``aspect`` stored with long side ``S`` gives its smallest crop a short side of
+    ``S * sqrt(min_scale * min_aspect * aspect)``, hence ``S = ceil(size / sqrt(min_scale * min_aspect * aspect))``,
+    capped at ``native_long_side`` (never enlarged) and never below the output size.
+    """
+    need = max(max(size, math.ceil(size / math.sqrt(scale * ratio * aspect) - 1e-9)) for size, scale, ratio in crops)
     if native_long_side is not None:
-        need = min(need, max(native_long_side, max(size for size, _ in crops)))
+        need = min(need, max(native_long_side, max(size for size, _, _ in crops)))
     return int(need)
 
 
@@ -117,8 +128,12 @@ def store_image(image: Any, layout: StoreLayout) -> tuple[torch.Tensor, tuple[in
         h, w = H, W
     if (h, w) == (S, S):
         return x, (H, W), (h, w)
-    slot = torch.zeros(3, S, S, dtype=torch.uint8)
+    # the rest of the slot repeats the last column and row: a crop's bilinear samples half a pixel past the
+    # image's edge read the edge (as a resize of the crop does), never black padding
+    slot = torch.empty(3, S, S, dtype=torch.uint8)
     slot[:, :h, :w] = x
+    slot[:, :h, w:] = x[:, :, w - 1 : w]
+    slot[:, h:, :] = slot[:, h - 1 : h, :]
     return slot, (H, W), (h, w)
 
 
@@ -244,29 +259,31 @@ def default_cache_dir() -> str:
     return os.path.join(root, "cloc_lightning", "images")
 
 
-def native_long_side(base: LabelledDataset, sample: int = 256) -> int | None:
-    """The 95th percentile of the images' longer sides, from the headers of up to ``sample`` files (``None``: unknown)."""
+def native_sizes(base: LabelledDataset, sample: int = 256) -> tuple[int | None, float]:
+    """``(95th percentile of the long sides, 5th percentile of short/long)`` from up to ``sample`` images' headers.
+
+    ``(None, 1.0)`` when nothing could be read.
+    """
     n = len(base)
     if n == 0:
-        return None
+        return None, 1.0
     picks = sorted({int(i * n / min(n, sample)) for i in range(min(n, sample))})
-    sides: list[int] = []
+    sizes: list[tuple[int, int]] = []
     for i in picks:
-        if isinstance(base, ImageFileDataset):
-            try:
+        try:
+            if isinstance(base, ImageFileDataset):
                 with Image.open(base.files[i]) as img:
-                    sides.append(max(img.size))
-            except _UNREADABLE:
-                continue
-        else:
-            try:
+                    sizes.append(img.size)
+            else:
                 img = base.load(i)
-            except _UNREADABLE:
-                continue
-            sides.append(int(max(img.shape[-2:])) if isinstance(img, torch.Tensor) else max(img.size))
-    if not sides:
-        return None
-    return int(np.percentile(np.asarray(sides), 95, method="higher"))
+                sizes.append((int(img.shape[-1]), int(img.shape[-2])) if isinstance(img, torch.Tensor) else img.size)
+        except _UNREADABLE:
+            continue
+    if not sizes:
+        return None, 1.0
+    arr = np.asarray(sizes, dtype=np.float64)
+    long, short = arr.max(axis=1), arr.min(axis=1)
+    return int(np.percentile(long, 95, method="higher")), float(np.percentile(short / long, 5, method="lower"))
 
 
 def _fingerprint(base: LabelledDataset) -> str:

@@ -318,14 +318,14 @@ class DeviceAugment:
                         continue
                     sub = y.index_select(0, rows)
                     f = factors.index_select(0, rows)[:, op].view(-1, 1, 1, 1)
-                    y = y.index_copy(0, rows, _JITTER_OPS[op](sub, f))
+                    y.index_copy_(0, rows, _JITTER_OPS[op](sub, f))  # y is this view group's own tensor
         if s.grayscale_p > 0:
             gray = grayscale(y).expand_as(y)
             y = torch.where(params[f"g{g}_gray"].view(-1, 1, 1, 1), gray, y)
         if s.blur_p > 0 and s.blur_kernel > 1:
             rows = params[f"g{g}_blur_rows"]
             if rows.numel():
-                y = y.index_copy(0, rows, gaussian_blur(y.index_select(0, rows), params[f"g{g}_blur_sigma"], s.blur_kernel))
+                y.index_copy_(0, rows, gaussian_blur(y.index_select(0, rows), params[f"g{g}_blur_sigma"], s.blur_kernel))
         if s.solarize_p > 0:
             on = params[f"g{g}_solarize"].view(-1, 1, 1, 1) & (y >= s.solarize_threshold / 255.0)
             y = torch.where(on, 1.0 - y, y)

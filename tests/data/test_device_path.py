@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import warnings
@@ -33,7 +32,7 @@ from cloc_lightning.data.cache import StoreLayout, build_store, fit_store_size, 
 from cloc_lightning.data.datasets import ImageFileDataset
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
-from tests._reliability import SMALL, _trainer, assert_same
+from tests._reliability import SMALL, assert_same, fit_stopped_and_resumed
 
 
 def _jpegs(folder: Path, n: int, size: tuple[int, int] = (40, 30), classes: int = 3, seed: int = 0) -> list[str]:
@@ -51,11 +50,13 @@ def _jpegs(folder: Path, n: int, size: tuple[int, int] = (40, 30), classes: int 
 
 # ----------------------------------------------------------------------------- the stored layout
 def test_the_store_size_rule() -> None:
-    assert fit_store_size([(64, 0.2)], None) == 144  # ceil(64 / sqrt(0.2)) = 143.1 -> 144
-    assert fit_store_size([(64, 0.2)], 200) == 144
-    assert fit_store_size([(32, 0.1), (16, 0.05)], 32) == 32  # CIFAR: never above the originals
-    assert fit_store_size([(224, 0.08)], 500) == 500
-    assert fit_store_size([(64, 1.0)], 40) == 64  # never below the output
+    square = 3 / 4  # torchvision's narrowest crop aspect
+    assert fit_store_size([(64, 0.2, square)], None) == 166  # ceil(64 / sqrt(0.2 * 3/4)) = 165.3 -> 166
+    assert fit_store_size([(64, 0.2, square)], 200) == 166
+    assert fit_store_size([(64, 0.2, square)], 150) == 150  # never above the originals
+    assert fit_store_size([(32, 0.1, square), (16, 0.05, square)], 32) == 32  # CIFAR
+    assert fit_store_size([(64, 0.2, square)], 400, aspect=0.5) == 234  # a 2:1 image: its short side must carry the crop
+    assert fit_store_size([(64, 1.0, 1.0)], 40) == 64  # never below the output
 
 
 def test_stored_pixels_are_torchvisions_resize_of_the_decoded_image() -> None:
@@ -66,9 +67,10 @@ def test_stored_pixels_are_torchvisions_resize_of_the_decoded_image() -> None:
     slot, native, stored = store_image(img, StoreLayout("fit", 25))
     assert stored == (15, 25) and slot.shape == (3, 25, 25)
     assert torch.equal(slot[:, :15, :25], TF.resize(img, [15, 25], antialias=True))
-    assert int(slot[:, 15:].abs().sum()) == 0
+    assert torch.equal(slot[:, 15:, :], slot[:, 14:15, :].expand(-1, 10, -1))  # the last row repeated, never padding
     small, _, stored = store_image(img, StoreLayout("fit", 64))  # never enlarged: kept as it is in the slot
     assert stored == (30, 50) and torch.equal(small[:, :30, :50], img)
+    assert torch.equal(small[:, :30, 50:], img[:, :, 49:50].expand(-1, -1, 14))  # the last column repeated
 
 
 # ----------------------------------------------------------------------------- memory and disk stores
@@ -302,42 +304,16 @@ def test_pin_memory_follows_the_accelerator() -> None:
 @pytest.mark.parametrize("views", [pytest.param(None, marks=pytest.mark.slow), "multicrop"])
 def test_resume_in_process_is_exact_mid_epoch_on_the_device_path(views: str | None, tmp_path: Path) -> None:
     """A fit stopped after step 3 of 4 (mid-epoch 1) and resumed equals one uninterrupted fit, bit for bit."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     from cloc_lightning.methods import CEModule, SupConModule
 
-    class Killed(Exception):
-        pass
-
-    class Stop(L.Callback):
-        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_step == 3:
-                raise Killed
-
-    def run(folder: str, ckpt: str | None = None, stop: bool = False) -> L.LightningModule:
-        L.seed_everything(0, verbose=False)
+    def build() -> tuple[L.LightningModule, L.LightningDataModule]:
         kw: dict[str, Any] = dict(num_classes=3, train_size=32, val_size=8, test_size=8, batch_size=16, num_workers=0,
                                   cache="memory", augment_on="device")
         if views is None:
-            model: L.LightningModule = CEModule(num_classes=3, **SMALL)
-            dm = OrdinalShapesDataModule(augment="rrc_flip", **kw)
-        else:
-            model = SupConModule(num_classes=3, n_views=4, **SMALL)
-            dm = OrdinalShapesDataModule(train_views=MultiCropViews(2, 2, local_size=24), **kw)
-        callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True)]
-        if stop:
-            callbacks.append(Stop())
-        trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=None, limit_val_batches=0, callbacks=callbacks,
-                           enable_checkpointing=True, deterministic=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with contextlib.suppress(Killed):
-                trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
-        return model
+            return CEModule(num_classes=3, **SMALL), OrdinalShapesDataModule(augment="rrc_flip", **kw)
+        return SupConModule(num_classes=3, n_views=4, **SMALL), OrdinalShapesDataModule(train_views=MultiCropViews(2, 2, local_size=24), **kw)
 
-    full = run("full")
-    run("part", stop=True)
-    resumed = run("part", ckpt=str(tmp_path / "part" / "last.ckpt"))
+    full, resumed = fit_stopped_and_resumed(tmp_path, build)
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
 
 
