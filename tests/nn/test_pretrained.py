@@ -273,3 +273,29 @@ def test_real_images_get_fitting_imagenet_classes_in_the_top5() -> None:
     for cls, row in rates.items():
         assert row[cls] >= 0.45, rates
         assert all(row[cls] >= row[other] + 0.25 for other in FITTING if other != cls), rates
+
+
+
+@pytest.mark.parametrize("normalised_as_trained", [True, False])
+def test_the_cli_warns_when_the_data_is_normalised_otherwise(normalised_as_trained: bool, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line compares the data module's mean/std with the weights' before a run starts (its before_fit)."""
+    import warnings
+
+    from cloc_lightning.cli import CLOCLightningCLI
+
+    _packaged_file(LITE[0])
+    monkeypatch.chdir(tmp_path)
+    stats = ["[0.5, 0.5, 0.5]"] * 2 if normalised_as_trained else ["[0.485, 0.456, 0.406]", "[0.229, 0.224, 0.225]"]
+    cli = CLOCLightningCLI(run=False, args=[
+        "--model", "CEModule", "--model.backbone", LITE[0], "--model.pretrained", "true", "--data", "OrdinalShapesDataModule",
+        "--data.num_classes", "3", "--data.mean", stats[0], "--data.std", stats[1], "--trainer.logger", "false"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli._check_normalization()
+    said = [str(w.message) for w in caught if "expect inputs normalised" in str(w.message)]
+    if normalised_as_trained:
+        assert not said
+    else:
+        (message,) = said
+        assert "mean [0.5, 0.5, 0.5], std [0.5, 0.5, 0.5]" in message and "--data.mean '[0.5, 0.5, 0.5]'" in message
