@@ -330,3 +330,23 @@ def test_a_test_run_decodes_no_training_image(monkeypatch: pytest.MonkeyPatch) -
     dm.setup("test")
     assert [w.split()[1] for w in built] == ["val", "test"]
     assert len(dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)[1]) == 4
+
+
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+def test_cifar10_files_in_torchvisions_layout_on_the_device_path(cache: str, tmp_path: Path) -> None:
+    """The in-memory uint8 sets (CIFAR-10's pickles) too: stored at their own 32 px, the same evaluation batches."""
+    from cloc_lightning.data import CIFAR10DataModule
+    from tests.data.test_torchvision_data import _write_cifar10
+
+    _write_cifar10(tmp_path)
+    kw: dict[str, Any] = dict(root=str(tmp_path), download=False, batch_size=8, num_workers=0, augment="crop_flip")
+    loader = CIFAR10DataModule(**kw)
+    device = CIFAR10DataModule(cache=cache, cache_dir=str(tmp_path / "cache"), augment_on="device", train_views=SupConViews(), **kw)
+    for dm in (loader, device):
+        dm.setup("fit")
+    assert device.store_layout("train", device._ensure_base()["train"]) == StoreLayout("fit", 32)
+    views, labels = device.on_after_batch_transfer(next(iter(device.train_dataloader())), 0)
+    assert len(views) == 2 and views[0].shape == (8, 3, 32, 32) and labels.shape == (8,)
+    (lx, ly), (dx, dy) = next(iter(loader.val_dataloader())), device.on_after_batch_transfer(next(iter(device.val_dataloader())), 0)
+    assert torch.equal(ly, dy)
+    torch.testing.assert_close(dx, lx, atol=1e-5, rtol=0)
