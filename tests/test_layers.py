@@ -53,8 +53,10 @@ DATA_LAYERS = {
     "synthetic": 0,
     "base": 1,
     "datasets": 2,
+    "cache": 2,
     "transforms": 2,
     "eval_sharding": 2,
+    "device_augment": 3,
     "tables": 3,
     "errors": 4,
 }
