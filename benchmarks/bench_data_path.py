@@ -170,7 +170,12 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
                 "device": measure(CONFIGS[0], extra + DEVICE_PATH, max(4, batches // 2), root),
             }
     data["loadavg_after"] = os.getloadavg()[0]
-    return render(data), data
+    md = render(data)
+    if not quick:
+        from benchmarks.harness import write_results
+
+        write_results("data_path", md, data, "python -m benchmarks --only data_path")
+    return md, data
 
 
 def render(data: dict[str, Any]) -> str:

@@ -261,3 +261,44 @@ def assert_same(a: Any, b: Any, where: str = "checkpoint") -> None:
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def fit_stopped_and_resumed(
+    tmp_path: Path, build: Callable[[], tuple[L.LightningModule, L.LightningDataModule]], stop_at_step: int = 3, max_epochs: int = 2
+) -> tuple[L.LightningModule, L.LightningModule]:
+    """``(uninterrupted, resumed)``: one fit of ``build()``, and one stopped at ``stop_at_step`` and resumed from its ``last.ckpt``.
+
+    Checkpoints after every step; every fit is seeded alike (``seed_everything(0)``) and deterministic.
+    """
+    import contextlib
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Killed(Exception):
+        pass
+
+    class Stop(L.Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == stop_at_step:
+                raise Killed
+
+    def run(folder: str, ckpt: str | None = None, stop: bool = False) -> tuple[L.LightningModule, L.Trainer]:
+        L.seed_everything(0, verbose=False)
+        model, dm = build()
+        callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True)]
+        if stop:
+            callbacks.append(Stop())
+        trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=None, limit_val_batches=0, callbacks=callbacks,
+                           enable_checkpointing=True, deterministic=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with contextlib.suppress(Killed):
+                trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return model, trainer
+
+    full, full_trainer = run("full")
+    _, stopped = run("part", stop=True)
+    assert stopped.global_step == stop_at_step, f"the stopped fit reached step {stopped.global_step}, not {stop_at_step}"
+    resumed, trainer = run("part", ckpt=str(tmp_path / "part" / "last.ckpt"))
+    assert trainer.global_step == full_trainer.global_step > stop_at_step
+    return full, resumed

@@ -6,10 +6,8 @@ the CLI: a fit SIGKILLed and resumed with ``--ckpt_path last`` (*slow*).
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import pytest
@@ -30,6 +28,7 @@ from tests._reliability import (
     _shapes,
     _trainer,
     assert_same,
+    fit_stopped_and_resumed,
 )
 from tests.conftest import run_cli
 
@@ -89,40 +88,14 @@ def test_cli_relic_fit_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(
 def test_resume_in_process_is_exact_mid_epoch_with_random_augmentation(method: str, tmp_path: Path) -> None:
     """The Python API gets the same guarantee: stop after step 3 of 4 (mid-epoch 1), resume, compare to one fit.
     CLOC with learnable margins and random crops+flips; ReLIC with ``mini_batch_size`` (manual optimisation)."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
-    class Killed(Exception):
-        pass
-
-    class Stop(L.Callback):
-        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_step == 3:
-                raise Killed
-
-    def run(folder: str, ckpt: str | None = None, stop: bool = False) -> tuple[L.LightningModule, L.Trainer]:
-        L.seed_everything(0, verbose=False)
+    def build() -> tuple[L.LightningModule, L.LightningDataModule]:
         if method == "cloc":
-            model: L.LightningModule = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
-            dm = _shapes(augment="crop_flip", batch_size=16)
-        else:
-            model = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=8, **RELIC_ARGS, **SMALL)
-            dm = _shapes(views=_relic_views(), batch_size=16)
-        callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True)]
-        if stop:
-            callbacks.append(Stop())
-        trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=None, limit_val_batches=0, callbacks=callbacks,
-                           enable_checkpointing=True, deterministic=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with contextlib.suppress(Killed):
-                trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
-        return model, trainer
+            return CLOCModule(num_classes=4, **SMALL, margin_lr=0.05), _shapes(augment="crop_flip", batch_size=16)
+        model = ReLICModule(num_classes=4, task="ordinal", mini_batch_size=8, **RELIC_ARGS, **SMALL)
+        return model, _shapes(views=_relic_views(), batch_size=16)
 
-    full, _ = run("full")
-    _, stopped = run("part", stop=True)
-    assert stopped.global_step == 3  # killed in the middle of epoch 1 (2 steps per epoch)
-    resumed, trainer = run("part", ckpt=str(tmp_path / "part" / "last.ckpt"))
-    assert trainer.global_step == 4
+    full, resumed = fit_stopped_and_resumed(tmp_path, build)  # 2 steps per epoch: step 3 is in the middle of epoch 1
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
 
 
