@@ -208,7 +208,6 @@ def render(data: dict[str, Any]) -> str:
                  "device path: loader ms/item", "loader cores per 1,000 img/s", "device stage on the CPU, ms/item",
                  "end to end on 1 CPU thread, loader path (img/s)", "end to end, device path (img/s)"]
     return "\n".join([
-        "<!-- produced by: python -m benchmarks --only data_path -->",
         "# The data path inside Trainer.fit",
         "",
         f"Measured {data['date']} with accelerator `{data['accelerator']}`, one torch thread, no loader workers, backbone `{data['backbone']}`, "
