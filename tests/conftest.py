@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,33 @@ def cli_in_process(args: list[str], capsys: Any) -> tuple[int, str, str]:
         code = e.code if isinstance(e.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+# --------------------------------------------------------------------------------------------
+# a time budget for CI's long tier (.ci/run): CI has a fixed wall-clock limit on a 2-core machine
+# --------------------------------------------------------------------------------------------
+#: seconds after the session's start at which no further test starts (0: no budget; .ci/run sets it for the long tier)
+TEST_BUDGET_S = float(os.environ.get("CLOC_TEST_BUDGET_S", "0") or 0)
+#: comma-separated path prefixes whose tests run first (.ci/run: the newest acceptance tests, so a budget cuts older ones)
+TEST_FIRST = [p.strip() for p in os.environ.get("CLOC_TEST_FIRST", "").split(",") if p.strip()]
+_SESSION_START = time.monotonic()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``CLOC_TEST_FIRST``: move the tests under those paths to the front (in the order given), the rest keep theirs."""
+    if not TEST_FIRST:
+        return
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next((i for i, prefix in enumerate(TEST_FIRST) if path.startswith(prefix)), len(TEST_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a group is pytest's
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``CLOC_TEST_BUDGET_S``: a test not started within the budget is skipped, with the reason in the summary."""
+    spent = time.monotonic() - _SESSION_START
+    if TEST_BUDGET_S and spent > TEST_BUDGET_S:
+        pytest.skip(f"not started: CI's time budget for this run (CLOC_TEST_BUDGET_S={TEST_BUDGET_S:.0f} s) was spent after "
+                    f"{spent:.0f} s; run it with pytest -m slow on a machine without the limit")
