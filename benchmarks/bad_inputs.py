@@ -4,7 +4,10 @@ Each case runs ``python -m cloc_lightning ...`` in a subprocess on tiny generate
 built-in shapes data, a folder of JPEGs, a CSV, UTKFace-named files) and records the exit
 code, the number of lines the command printed on stderr, the first line that says what went
 wrong and the outcome that matters for the case (was a "best" checkpoint or a margins YAML
-written, did ``config.yaml`` change, how were ordinal classes ranked).  Run it on two
+written, did ``config.yaml`` change, how were ordinal classes ranked), and a verdict computed from
+what it observed: ``good`` (refused or warned in one line that names the fix), ``silent`` (exit 0
+with a result that is not one) or ``buried`` (the cause is in a traceback or not said).  It exits 1
+when any case is not ``good``.  Run it on two
 checkouts to get a before/after table::
 
     python -m benchmarks.bad_inputs                       # this checkout; prints a markdown table
@@ -123,8 +126,18 @@ class Audit:
         return sorted((self.work / "runs" / name).glob("version_*/checkpoints/last.ckpt"))[-1]
 
 
-def _fmt(o: Outcome, note: str = "") -> dict[str, Any]:
-    return {"rc": o.rc, "stderr lines": o.lines, "says": o.first.replace("|", "/"), "outcome": note}
+def _refusal(o: Outcome) -> str:
+    """The verdict of a case that must be refused: ``silent`` when it exits 0, ``buried`` when the cause is in a
+    traceback or no line says what went wrong, else ``good``."""
+    if o.rc == 0:
+        return "silent"
+    return "buried" if "Traceback (most recent call last)" in o.stderr or not o.first else "good"
+
+
+def _fmt(o: Outcome, note: str = "", verdict: str | None = None) -> dict[str, Any]:
+    """A table row; ``verdict`` defaults to :func:`_refusal` (the case expects a one-line refusal)."""
+    return {"rc": o.rc, "stderr lines": o.lines, "says": o.first.replace("|", "/"), "outcome": note,
+            "verdict": verdict if verdict is not None else _refusal(o)}
 
 
 def _run_dir(work: Path, name: str) -> Path:
@@ -138,7 +151,7 @@ def case_predict_without_weights(a: Audit) -> dict[str, Any]:
         _jpeg(a.work / "pred" / f"p{i}.jpg", i)
     o = a.cli("predict", "--config", str(_cfg(a.work, "pred")), "--data.init_args.predict_root", str(a.work / "pred"))
     wrote = list((a.work / "runs" / "pred").glob("version_*/predictions.csv"))
-    return _fmt(o, "predictions.csv written" if wrote else "no predictions written")
+    return _fmt(o, "predictions.csv written" if wrote else "no predictions written", "silent" if wrote else None)
 
 
 def case_csv_non_integer_label(a: Audit) -> dict[str, Any]:
@@ -167,7 +180,7 @@ def case_folder_natural_order(a: Audit) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
     order = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip().splitlines()[-1]
     return {"rc": proc.returncode, "stderr lines": len(proc.stderr.strip().splitlines()), "says": "",
-            "outcome": f"ranks {order}"}
+            "outcome": f"ranks {order}", "verdict": "good" if order == str(folders) else "silent"}
 
 
 def case_diverged_run(a: Audit) -> dict[str, Any]:
@@ -177,7 +190,7 @@ def case_diverged_run(a: Audit) -> dict[str, Any]:
     best = list(run.glob("checkpoints/best*.ckpt"))
     margins = run / "cloc_margins.yaml"
     note = f"best ckpt {'written' if best else 'none'}; margins YAML {'written' if margins.exists() else 'none'}"
-    return _fmt(o, note)
+    return _fmt(o, note, "silent" if best or margins.exists() else None)
 
 
 def case_failed_resume_keeps_config(a: Audit) -> dict[str, Any]:
@@ -190,7 +203,8 @@ def case_failed_resume_keeps_config(a: Audit) -> dict[str, Any]:
               "--data.init_args.num_classes", "5")
     after = (run / "config.yaml").read_text()
     extra = sorted(p.name for p in run.glob("config*.yaml"))
-    return _fmt(o, f"config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}; {extra}")
+    return _fmt(o, f"config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}; {extra}",
+                None if before == after else "silent")
 
 
 def case_second_run_same_version(a: Audit) -> dict[str, Any]:
@@ -200,7 +214,8 @@ def case_second_run_same_version(a: Audit) -> dict[str, Any]:
     o = a.cli("fit", "--config", str(_cfg(a.work, "pinned")), "--trainer.logger.init_args.version", "0",
               "--model.init_args.lr", "0.01")
     after = (run / "config.yaml").read_text()
-    return _fmt(o, f"first run's config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}")
+    return _fmt(o, f"first run's config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}",
+                None if before == after else "silent")
 
 
 def case_optimizer_option(a: Audit) -> dict[str, Any]:
@@ -222,7 +237,7 @@ def case_limit_train_batches_0(a: Audit) -> dict[str, Any]:
 def case_freeze_beyond_max_epochs(a: Audit) -> dict[str, Any]:
     o = a.cli("fit", "--config", str(_cfg(a.work, "latefreeze", freeze_at=5)), "--trainer.max_epochs", "1")
     warned = any("freeze_at_epoch" in ln and "max_epochs" in ln for ln in (o.stderr + o.stdout).splitlines())
-    return _fmt(o, f"{'said so' if warned else 'silent'} (phase two never reached)")
+    return _fmt(o, f"{'said so' if warned else 'silent'} (phase two never reached)", "good" if warned else "silent")
 
 
 def case_csv_missing_image(a: Audit) -> dict[str, Any]:
@@ -241,7 +256,7 @@ def case_utkface_ages_clipped(a: Audit) -> dict[str, Any]:
     o = a.cli("fit", "--config", str(_cfg(a.work, "utk", model={"num_classes": 80}, data=data)),
               "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
     counted = any("clip" in ln and re.search(r"\d+ above", ln) for ln in (o.stderr + o.stdout).splitlines())
-    return _fmt(o, "clipped ages counted" if counted else "clipped silently")
+    return _fmt(o, "clipped ages counted" if counted else "clipped silently", "good" if counted else "silent")
 
 
 def case_16bit_png(a: Audit) -> dict[str, Any]:
@@ -260,7 +275,12 @@ def case_16bit_png(a: Audit) -> dict[str, Any]:
             f"x=np.asarray(D([{str(path)!r}], [0]).load(0)); print(float((x >= 250).mean()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
     share = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]
-    return {"rc": proc.returncode, "stderr lines": 0, "says": "", "outcome": f"share of pixels >= 250: {share} (the ramp's true share: {true:.3f})"}
+    try:
+        verdict = "good" if abs(float(share) - true) < 0.01 else "silent"
+    except ValueError:
+        verdict = "buried"
+    return {"rc": proc.returncode, "stderr lines": 0, "says": "", "verdict": verdict,
+            "outcome": f"share of pixels >= 250: {share} (the ramp's true share: {true:.3f})"}
 
 
 def _one_line_case(*args: str) -> Callable[[Audit], dict[str, Any]]:
@@ -309,20 +329,22 @@ def case_help_time(a: Audit) -> dict[str, Any]:
     for _ in range(3):
         o = a.cli("fit", "--help")
         times.append(o.seconds)
-    return {"rc": o.rc, "stderr lines": o.lines, "says": "",
+    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "verdict": "good" if o.rc == 0 else "buried",
             "outcome": f"{min(times):.1f} s (min of 3; median {sorted(times)[1]:.1f} s)"}
 
 
 def case_probe_help(a: Audit) -> dict[str, Any]:
     o = a.cli("probe", "--help")
-    return {"rc": o.rc, "stderr lines": o.lines, "says": "",
-            "outcome": "shows '<function … <lambda>>'" if "<lambda>" in o.stdout else "no lambda reprs"}
+    lam = "<lambda>" in o.stdout
+    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "verdict": "buried" if lam or o.rc else "good",
+            "outcome": "shows '<function … <lambda>>'" if lam else "no lambda reprs"}
 
 
 def case_model_help_rest(a: Audit) -> dict[str, Any]:
     o = a.cli("fit", "--model.help", "CLOCModule")
     raw = len(re.findall(r":(class|func|meth|attr):|``", o.stdout))
-    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "outcome": f"{raw} raw reST markups"}
+    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "verdict": "buried" if raw or o.rc else "good",
+            "outcome": f"{raw} raw reST markups"}
 
 
 CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
@@ -362,8 +384,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default="", help="comma-separated substrings of case names")
     args = p.parse_args(argv)
     only = [s.strip().lower() for s in args.only.split(",") if s.strip()]
-    print(f"| case | exit code | stderr lines | first error line | outcome |  (repo: {args.repo})")
-    print("|---|---|---|---|---|")
+    print(f"| case | exit code | stderr lines | first error line | outcome | verdict |  (repo: {args.repo})")
+    print("|---|---|---|---|---|---|")
+    verdicts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in CASES.items():
             if only and not any(s in name.lower() for s in only):
@@ -373,8 +396,13 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 r = fn(Audit(args.repo.resolve(), work))
             except Exception as e:  # noqa: BLE001 - a case that cannot run is reported, the rest go on
-                r = {"rc": "-", "stderr lines": "-", "says": "", "outcome": f"audit failed: {type(e).__name__}: {e}"[:200]}
-            print(f"| {name} | {r['rc']} | {r['stderr lines']} | {r['says']} | {r['outcome']} |", flush=True)
+                r = {"rc": "-", "stderr lines": "-", "says": "", "verdict": "audit failed",
+                     "outcome": f"audit failed: {type(e).__name__}: {e}"[:200]}
+            verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
+            print(f"| {name} | {r['rc']} | {r['stderr lines']} | {r['says']} | {r['outcome']} | {r['verdict']} |", flush=True)
+    print("\n" + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f" (of {sum(verdicts.values())} cases)")
+    if any(v != "good" for v in verdicts):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
