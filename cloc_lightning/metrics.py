@@ -38,6 +38,7 @@ from cloc_lightning.validation import check_choice, check_tensor
 
 __all__ = [
     "Task",
+    "TaskSetting",
     "Accuracy",
     "QuadraticKappa",
     "ArgmaxMAE",
@@ -48,8 +49,11 @@ __all__ = [
     "build_metrics",
 ]
 
-#: what the classes are: ranks (``ordinal``) or unordered categories (``nominal``)
+#: what the classes are: ranks (``ordinal``) or unordered categories (``nominal``); a data module's ``task``
+#: and what the metrics, probes and checkpoints follow
 Task = Literal["ordinal", "nominal"]
+#: a module's ``task`` argument: a :data:`Task`, or ``auto`` (the data module's)
+TaskSetting = Literal["auto", "ordinal", "nominal"]
 
 _INPUTS = "update(scores [B, C], target [B])"
 

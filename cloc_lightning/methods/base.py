@@ -78,15 +78,12 @@ from cloc_lightning.methods.optim import (
     optimizer_kwargs,
 )
 from cloc_lightning.methods.tracking import BestFinalTracking
-from cloc_lightning.metrics import build_metrics
+from cloc_lightning.metrics import TaskSetting, build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 from cloc_lightning.precision import check_precision
 from cloc_lightning.validation import check_choice, check_float
 
-__all__ = ["BaseModule", "ClassifierModule", "Task"]
-
-#: a classifier's metrics: ``ordinal``, ``nominal`` or ``auto`` (the data module's ``task``)
-Task = Literal["auto", "ordinal", "nominal"]
+__all__ = ["BaseModule", "ClassifierModule"]
 
 #: the ``torch.compile`` arguments that ``compile_backbone`` may set (all but the model)
 _COMPILE_ARGS = tuple(name for name in inspect.signature(torch.compile).parameters if name != "model")
@@ -572,10 +569,10 @@ class ClassifierModule(BestFinalTracking, BaseModule):
         **kwargs: :class:`BaseModule` arguments (backbone, optimiser, schedule).
     """
 
-    def __init__(self, num_classes: int, task: Task = "auto", **kwargs: Any) -> None:
+    def __init__(self, num_classes: int, task: TaskSetting = "auto", **kwargs: Any) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-        check_choice("task", task, Task)
+        check_choice("task", task, TaskSetting)
         super().__init__(**kwargs)
         self.num_classes = num_classes
         self.task = task

@@ -35,7 +35,8 @@ from torch import nn
 
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.methods.defaults import method_defaults, take_arguments
-from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe, ProbeTask
+from cloc_lightning.metrics import Task
+from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe
 
 __all__ = ["MultiViewModule", "PretrainModule"]
 
@@ -84,7 +85,7 @@ class PretrainModule(BaseModule):
             self.probe = online_eval.build(*size, factory=self.build_online_probe)
 
     # ------------------------------------------------------------------ hooks
-    def build_online_probe(self, num_classes: int, task: ProbeTask) -> OnlineLinearProbe:
+    def build_online_probe(self, num_classes: int, task: Task) -> OnlineLinearProbe:
         """The online linear probe on :meth:`extract_features`-sized features (normalised unless ``online_probe_norm: false``)."""
         return OnlineLinearProbe(self.feature_dim, num_classes, task, norm=self.online_eval.norm)
 

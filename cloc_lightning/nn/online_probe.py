@@ -33,16 +33,12 @@ from torchmetrics import Metric, MetricCollection
 
 from cloc_lightning.checks import require
 from cloc_lightning.data_contract import DataInfo
-from cloc_lightning.metrics import build_metrics
+from cloc_lightning.metrics import Task, TaskSetting, build_metrics
 from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_tensor
 
-__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "ProbeTask", "knn_predict", "masked_cross_entropy"]
+__all__ = ["OnlineLinearProbe", "OnlineEvaluator", "knn_predict", "masked_cross_entropy"]
 
 Stage = Literal["train", "val", "test"]
-#: metrics of a probe: ``nominal`` (top-1/top-5) or ``ordinal`` (MAE, QWK, ...)
-ProbeTask = Literal["nominal", "ordinal"]
-#: a method's ``task`` argument: a probe task, or ``auto`` (the data module's)
-Task = Literal["auto", "ordinal", "nominal"]
 
 
 class OnlineLinearProbe(nn.Module):
@@ -106,12 +102,12 @@ class OnlineLinearProbe(nn.Module):
             return [{"name": "model", "params": rest}, probe]
     """
 
-    def __init__(self, in_dim: int, num_classes: int, task: ProbeTask = "nominal", name: str = "online_probe",
+    def __init__(self, in_dim: int, num_classes: int, task: Task = "nominal", name: str = "online_probe",
                  norm: bool = True) -> None:
         super().__init__()
         check_int("num_classes", num_classes, 2, hint="OnlineLinearProbe needs at least 2 classes")
         check_int("in_dim", in_dim, 1)
-        check_choice("task", task, ProbeTask)
+        check_choice("task", task, Task)
         self.in_dim = in_dim
         self.num_classes = num_classes
         self.task = task
@@ -322,7 +318,7 @@ class OnlineEvaluator:
     def __init__(
         self,
         num_classes: int | None = None,
-        task: Task = "auto",
+        task: TaskSetting = "auto",
         online_probe: bool = True,
         online_probe_lr: float | None = None,
         knn_k: int = 0,
@@ -334,7 +330,7 @@ class OnlineEvaluator:
             raise ValueError(f"num_classes must be an integer >= 2 or null (= the data module's), got {num_classes!r}")
         self.enabled = bool(online_probe)
         self.num_classes = num_classes
-        self.task: Task = check_choice("task", task, Task)
+        self.task: TaskSetting = check_choice("task", task, TaskSetting)
         self.lr = None if online_probe_lr is None else check_float(
             "online_probe_lr", online_probe_lr, minimum=0.0, strict_minimum=True, hint="or null = the method's lr"
         )
@@ -357,20 +353,20 @@ class OnlineEvaluator:
     def monitor_mode(self) -> Literal["min", "max"]:
         return "max" if self.enabled else "min"
 
-    def known_size(self) -> tuple[int, ProbeTask] | None:
+    def known_size(self) -> tuple[int, Task] | None:
         """``(num_classes, task)`` when the probe can be built before the data module is known."""
         if not self.enabled or self.num_classes is None or self.task == "auto":
             return None
         return self.num_classes, self.task
 
-    def build(self, num_classes: int, task: ProbeTask, factory: Callable[[int, ProbeTask], OnlineLinearProbe]) -> OnlineLinearProbe:
+    def build(self, num_classes: int, task: Task, factory: Callable[[int, Task], OnlineLinearProbe]) -> OnlineLinearProbe:
         """Build the probe with ``factory(num_classes, task)`` and keep it (the owner registers it)."""
         self.probe = factory(num_classes, task)
         self.num_classes, self.task = num_classes, task
         return self.probe
 
     def setup_from_datamodule(
-        self, data: DataInfo | None, factory: Callable[[int, ProbeTask], OnlineLinearProbe], owner: str = "the module"
+        self, data: DataInfo | None, factory: Callable[[int, Task], OnlineLinearProbe], owner: str = "the module"
     ) -> OnlineLinearProbe | None:
         """Check ``num_classes`` against the data module's; build the probe if it is still missing.
 
@@ -393,7 +389,7 @@ class OnlineEvaluator:
                 raise ValueError(f"{owner} cannot size its online probe: set model.num_classes, or online_probe: false")
             n = data.num_classes
         # task auto: the data module's (nominal without one)
-        task: ProbeTask = self.task if self.task != "auto" else "nominal" if data is None else data.task
+        task: Task = self.task if self.task != "auto" else "nominal" if data is None else data.task
         return self.build(n, task, factory)
 
     def param_group(self, base_lr: float) -> dict[str, Any] | None:
