@@ -36,7 +36,9 @@ from torch import nn
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.methods.defaults import method_defaults, take_arguments
 from cloc_lightning.metrics import Task
+from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe
+from cloc_lightning.validation import check_int
 
 __all__ = ["MultiViewModule", "PretrainModule"]
 
@@ -200,6 +202,28 @@ class MultiViewModule(PretrainModule):
     projector: nn.Module
     criterion: nn.Module
 
+
+    @staticmethod
+    def check_projector_dims(projector_dim: int | None, projector_hidden_dim: int | None, none_means: str = "") -> None:
+        """Check the widths of an MLP projector before anything is built.
+
+        ``none_means`` says what ``projector_dim: null`` does where a method allows it (RnC: no
+        projector); without it ``projector_dim`` must be an int >= 1.
+        """
+        if projector_dim is not None or not none_means:
+            check_int("projector_dim", projector_dim, 1, hint=f"or null: {none_means}" if none_means else "")
+        if projector_hidden_dim is not None:
+            check_int("projector_hidden_dim", projector_hidden_dim, 1)
+
+    def mlp_projector(self, normalize: bool = False) -> nn.Module:
+        """``MLPHead(feature_dim, projector_hidden_dim or feature_dim, projector_dim)`` from the hyper-parameters.
+
+        ``nn.Identity()`` when ``projector_dim`` is ``None``; ``normalize`` L2-normalises the output.
+        """
+        h = self.hparams
+        if h.projector_dim is None:
+            return nn.Identity()
+        return MLPHead(self.feature_dim, h.projector_hidden_dim or self.feature_dim, h.projector_dim, normalize=normalize)
     def setup(self, stage: str) -> None:
         """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
         data = self.datamodule_info

@@ -48,7 +48,6 @@ from cloc_lightning.checks import require
 from cloc_lightning.losses.rnc import FeatureSimilarity, LabelDistance, RnCLoss
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.pretrain import MultiViewModule
-from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 __all__ = ["RnCModule"]
@@ -125,10 +124,7 @@ class RnCModule(MultiViewModule):
             hint="Rank-N-Contrast contrasts two augmented views of every image (the paper's "
             "protocol): set n_views: 2 and data.train_views to SupConViews(n_views: 2)",
         )
-        if projector_dim is not None:
-            check_int("projector_dim", projector_dim, 1, hint="or null: no projector (the paper)")
-        if projector_hidden_dim is not None:
-            check_int("projector_hidden_dim", projector_hidden_dim, 1)
+        self.check_projector_dims(projector_dim, projector_hidden_dim, none_means="no projector (the paper)")
         super().__init__(**kwargs)
         self.n_views = n_views
         self.temperature = float(temperature)
@@ -138,10 +134,7 @@ class RnCModule(MultiViewModule):
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
         """Between the backbone and the loss: ``nn.Identity()`` (the paper) or ``MLPHead(d, hidden, projector_dim)``."""
-        h = self.hparams
-        if h.projector_dim is None:
-            return nn.Identity()
-        return MLPHead(self.feature_dim, h.projector_hidden_dim or self.feature_dim, h.projector_dim)
+        return self.mlp_projector()
 
     def build_loss(self) -> nn.Module:
         """The criterion on ``(features [bsz, n_views, dim], targets [bsz] or [bsz, L])``."""

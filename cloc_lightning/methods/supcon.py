@@ -21,7 +21,6 @@ from torch import nn
 from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.pretrain import MultiViewModule
-from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_int, choices
 
 __all__ = ["SupConModule"]
@@ -91,9 +90,7 @@ class SupConModule(MultiViewModule):
         check_int("n_views", n_views, 1)
         if method == "simclr" and n_views < 2:
             raise ValueError("simclr needs n_views >= 2 (the positives are the other views of the same image)")
-        check_int("projector_dim", projector_dim, 1)
-        if projector_hidden_dim is not None:
-            check_int("projector_hidden_dim", projector_hidden_dim, 1)
+        self.check_projector_dims(projector_dim, projector_hidden_dim)
         super().__init__(**kwargs)
         self.method = method
         self.n_views = n_views
@@ -104,8 +101,7 @@ class SupConModule(MultiViewModule):
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
         """The projection head: ``[B, feature_dim] -> [B, projector_dim]``, L2-normalised."""
-        h = self.hparams
-        return MLPHead(self.feature_dim, h.projector_hidden_dim or self.feature_dim, h.projector_dim, normalize=True)
+        return self.mlp_projector(normalize=True)
 
     def build_loss(self) -> nn.Module:
         """The contrastive criterion on ``([bsz, n_views, dim], labels or None)``."""
