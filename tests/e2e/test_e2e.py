@@ -41,6 +41,7 @@ import pytest
 import torch
 import yaml
 
+from tests._config_chain import FED_BY
 from tests.conftest import CIFAR10, REPO, UTKFACE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -323,17 +324,12 @@ def _config_cases() -> list[Any]:
     return cases
 
 
-#: configs exercised by another config's case (chained runs)
+#: configs exercised by another config's case: those its run folder feeds (tests/_config_chain.py), and the
+#: variants the case runs next to it
 CHAINED = {
-    "cloc/demo_phase2.yaml": "cloc/demo.yaml",
+    **FED_BY,
     "cloc/utkface_sm.yaml": "cloc/utkface.yaml",
-    "cloc/utkface_phase2.yaml": "cloc/utkface.yaml",
     "cloc/utkface_sm_pretrained.yaml": "cloc/utkface_pretrained.yaml",
-    "linear_probe/cifar10.yaml": "supcon/cifar10.yaml",
-    "linear_probe/cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
-    "linear_probe/probe_cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
-    "rnc/demo_linear.yaml": "rnc/demo.yaml",
-    "rnc/utkface_linear.yaml": "rnc/utkface.yaml",
 }
 
 

@@ -37,6 +37,7 @@ import pytest
 import torch
 import yaml
 
+from tests._config_chain import FED_BY, PROBE_CONFIGS
 from tests.conftest import REPO
 from tests.gpu import _probe
 from tests.gpu.conftest import BUDGET, CUDA, PRECISIONS, SESSION_START, STEPS, SYNC_MODE, TRY_ON_CPU, Table, requires_gpu
@@ -44,18 +45,6 @@ from tests.gpu.conftest import BUDGET, CUDA, PRECISIONS, SESSION_START, STEPS, S
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpu]
 
 CONFIGS = REPO / "configs"
-#: the config whose run folder feeds another (phase two, linear probes)
-FED_BY = {
-    "cloc/demo_phase2.yaml": "cloc/demo.yaml",
-    "cloc/utkface_phase2.yaml": "cloc/utkface.yaml",
-    "linear_probe/cifar10.yaml": "supcon/cifar10.yaml",
-    "linear_probe/cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
-    "linear_probe/probe_cifar10_cpu.yaml": "supcon/cifar10_cpu.yaml",
-    "rnc/demo_linear.yaml": "rnc/demo.yaml",
-    "rnc/utkface_linear.yaml": "rnc/utkface.yaml",
-}
-#: configs for ``cloc-lightning probe`` (scikit-learn on frozen features), not ``fit``
-PROBE_CONFIGS = {"linear_probe/probe_cifar10_cpu.yaml"}
 TORCHVISION_MODULES = ("CIFAR10DataModule", "STL10DataModule")
 
 
