@@ -1,7 +1,7 @@
 """Bad input every loss with labels checks alike: labels out of range or not integers, NaN/inf features.
 
-Each loss's own degenerate batches (a batch of one, a single class) are tested beside it (``test_loss_cloc.py``,
-``test_loss_supcon.py``, ``test_loss_sigmoid.py``, ``test_rank_prompt.py``); low-precision inputs in
+Each loss's own degenerate batches (a batch of one, a single class) are tested beside it (``test_cloc.py``,
+``test_supcon.py``, ``test_sigmoid.py``, ``test_rank_prompt.py``); low-precision inputs in
 ``test_autocast.py``.
 """
 
