@@ -1,4 +1,4 @@
-"""What a run's record holds: paths relative to the run folders, the data root and the repository, so that a record
+"""experiments/records.py and paths.py: what a run's record holds: paths relative to the run folders, the data root and the repository, so that a record
 reads the same on every machine; records written by earlier versions (absolute paths) are still read, and written
 back in the relative form; the old ``python -m benchmarks.experiments`` says in one line where the runner went."""
 
@@ -12,9 +12,14 @@ from typing import Any
 
 import pytest
 
-import benchmarks.experiments as runner
-from benchmarks.experiments import TABLES, restore_runs, run_table, write_outputs
+import experiments.runner as runner
+from experiments.records import complete_record, restore_runs
+from experiments.render import write_outputs
+from experiments.runner import run_table
+from experiments.stats import aggregate
+from experiments.tables import TABLES
 from tests.conftest import REPO
+from tests.experiments._logs import write_csv
 
 #: a finished run's result.json as the runner before issue 41 wrote it (absolute paths of the machine that ran it):
 #: a copy of a real record of the UTKFace table, cut to two metrics and two epochs of curves
@@ -89,7 +94,8 @@ def test_an_old_record_with_absolute_paths_is_read_and_written_relative(tmp_path
     restored = json.loads((tmp_path / "new" / "ce_pre" / "seed0" / "result.json").read_text())
     assert restored["run_dir"] == restored["restored_from"]["run_dir"] == "$RUNS/ce_pre/seed0"
     assert restored["commands"] == run["commands"] and restored["metrics"] == old["metrics"]
-    assert not _absolute_paths(restored), _absolute_paths(restored)
+    # only the restored table's file stays absolute: this one lies in no checkout (a committed one: repository path)
+    assert _absolute_paths(restored) == [restored["restored_from"]["file"]] == [str((tmp_path / "old" / "utkface.json").resolve())]
 
 
 @pytest.mark.parametrize("source", sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks" / "results" / "experiments").rglob("*.json")))
@@ -112,3 +118,124 @@ def test_the_old_entry_point_names_the_new_command_in_one_line() -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert "python -m experiments utkface --quick --rows ce" in line, line
+
+
+# ---- a cached record completed from its folder (stopped time, curves); a table's JSON restored on a new machine
+def test_time_a_run_spent_stopped_is_taken_out_of_its_wall_time(tmp_path) -> None:
+    run_dir = tmp_path / "row" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "paused.json").write_text(json.dumps({"paused_s": 600, "why": ["stopped for the test suite"]}))
+    rec = {"row": "row", "seed": 0, "ok": True, "metrics": {}, "wall_s": 1000.0, "run_dir": str(run_dir), "curves": {"x": []}}
+    done = complete_record(TABLES["utkface"], rec)
+    assert done["wall_s"] == 400.0 and done["wall_s_recorded"] == 1000.0 and done["paused_s"] == 600.0
+    assert complete_record(TABLES["utkface"], done)["wall_s"] == 400.0  # a second pass does not subtract again
+    other = {"row": "row", "seed": 1, "ok": True, "metrics": {}, "wall_s": 900.0, "run_dir": str(tmp_path / "none"), "curves": {"x": []}}
+    assert complete_record(TABLES["utkface"], other)["wall_s"] == 900.0 and "paused_s" not in other
+    assert aggregate([done, other])["row"]["wall_s"]["values"] == [400.0, 900.0]
+
+
+def test_only_stops_inside_the_counted_time_are_taken_out(tmp_path) -> None:
+    """An interrupted attempt counts up to its last checkpoint; a stop after it (or outside any attempt) is not wall time."""
+    import calendar
+    import time
+
+    run_dir = tmp_path / "row" / "seed0"
+    run_dir.mkdir(parents=True)
+    t0 = calendar.timegm(time.strptime("2026-11-24 13:23:14", "%Y-%m-%d %H:%M:%S"))
+    # attempt 1: 13:23:14 + 524 s (its last checkpoint at 13:31:58); then killed. Attempt 2 starts at t0 + 7000 s.
+    resumed = [{"started_utc": "2026-11-24 13:23:14", "checkpoint_epoch": 1, "checkpoint_step": 140, "wall_s": 524.0}]
+    t2 = t0 + 7000.0
+    (run_dir / "attempt.json").write_text(json.dumps({"started": t2, "started_utc": "later", "earlier": resumed}))
+    stops = [
+        [t0 + 314, t0 + 475],  # 161 s inside attempt 1's counted time
+        [t0 + 500, t0 + 600],  # straddles its checkpoint: 24 s count
+        [t0 + 619, t0 + 2409],  # after its checkpoint, before the kill: not counted
+        [t2 + 100, t2 + 400],  # 300 s inside attempt 2
+        [t2 + 3000, t2 + 3100],  # after the run finished: not counted
+    ]
+    (run_dir / "paused.json").write_text(json.dumps({"paused_s": 9999, "why": ["..."], "intervals": stops}))
+    def record() -> dict:
+        return {"row": "row", "seed": 0, "ok": True, "metrics": {}, "wall_s": 524.0 + 2000.0, "run_dir": str(run_dir),
+                "resumed": resumed, "curves": {"x": []}}
+
+    done = complete_record(TABLES["utkface"], record())
+    assert done["paused_s"] == pytest.approx(161 + 24 + 300)
+    assert done["wall_s"] == pytest.approx(2524 - 485) and done["wall_s_recorded"] == 2524.0
+    # no attempt.json: the final attempt's start is unknown, a clear error instead of a guess
+    (run_dir / "attempt.json").unlink()
+    with pytest.raises(FileNotFoundError, match="plain paused_s"):
+        complete_record(TABLES["utkface"], record())
+
+
+def test_cached_curves_under_an_older_spec_are_read_again_from_the_logs(tmp_path) -> None:
+    run = tmp_path / "ce" / "seed0"
+    run.mkdir(parents=True)
+    write_csv(run / "metrics.csv", [{"epoch": 0, "step": 9, "val/mae": 1.5, "val/qwk": 0.4},
+                                     {"epoch": 1, "step": 19, "val/mae": 1.25, "val/qwk": 0.5}])
+    old = {"row": "ce", "seed": 0, "ok": True, "metrics": {}, "wall_s": 1.0, "run_dir": str(run),
+           "curves": {"val/mae": [[0, 9.0]], "val/qwk": [[0, 9.0]]}}  # keys of an earlier table version
+    curves = complete_record(TABLES["utkface"], old)["curves"]
+    assert curves["val/mae|val/online_probe/mae"] == [[0, 1.5], [1, 1.25]]
+    assert curves["val/qwk|val/online_probe/qwk"] == [[0, 0.4], [1, 0.5]]
+    gone = {**old, "run_dir": str(tmp_path / "deleted"), "curves": {"val/mae": [[0, 9.0]]}}
+    assert complete_record(TABLES["utkface"], gone)["curves"] == {"val/mae": [[0, 9.0]]}  # no logs: kept as recorded
+
+
+def test_a_tables_json_restores_its_finished_runs_on_a_new_machine(tmp_path) -> None:
+
+    table = TABLES["utkface"]
+    rows = [r for r in table.rows if r.key in ("ce", "cloc_mm")]
+    mae = {("ce", 0): 0.50, ("ce", 1): 0.60, ("cloc_mm", 0): 0.45}
+    runs = [{"row": k, "seed": s, "ok": True, "wall_s": 100.0 + 10 * s, "run_dir": f"old/{k}/seed{s}", "metrics": {"test/mae": v},
+             "curves": {"val/mae|val/online_probe/mae": [[0, 1.0], [1, v]]}} for (k, s), v in mae.items()]
+    runs.append({"row": "cloc_mm", "seed": 1, "ok": False, "wall_s": 5.0, "metrics": {}, "error": "RuntimeError: killed"})
+    write_outputs(tmp_path / "old", table, rows, runs, "cmd", [0, 1], {}, False, [], {})
+    source = tmp_path / "old" / "utkface.json"
+
+    runs_dir = tmp_path / "runs"
+    (runs_dir / "ce" / "seed1").mkdir(parents=True)
+    (runs_dir / "ce" / "seed1" / "result.json").write_text(json.dumps({**runs[1], "metrics": {"test/mae": 0.70}}))  # already here
+    done = restore_runs(table, source, runs_dir)
+    assert sorted(done["restored"]) == ["ce seed 0", "cloc_mm seed 0"] and done["kept"] == ["ce seed 1"]
+    assert not (runs_dir / "cloc_mm" / "seed1").exists()  # a failed run is not restored: the runner runs it again
+    rec = json.loads((runs_dir / "cloc_mm" / "seed0" / "result.json").read_text())
+    assert rec["run_dir"] == "$RUNS/cloc_mm/seed0" and rec["restored_from"]["run_dir"] == "old/cloc_mm/seed0"
+    assert rec["restored_from"]["sha256"] == __import__("hashlib").sha256(source.read_bytes()).hexdigest()
+    assert json.loads((runs_dir / "ce" / "seed1" / "result.json").read_text())["metrics"]["test/mae"] == 0.70  # kept as it was
+
+    data = tmp_path / "data"
+    (data / "utkface").mkdir(parents=True)
+    payload = run_table("utkface", [0, 1], out=tmp_path / "new", runs_dir=runs_dir, rows=["ce", "cloc_mm"], data_root=data,
+                        deadline="2000-01-01T00:00", command="render")  # a past deadline starts nothing: render only
+    assert payload["summary"]["ce"]["test/mae"]["values"] == [0.50, 0.70]
+    assert payload["summary"]["cloc_mm"]["test/mae"]["values"] == [0.45]
+    assert payload["summary"]["cloc_mm"]["wall_s"]["mean"] == 100.0
+    assert payload["runs"][0]["curves"] == runs[0]["curves"] or payload["runs"][1]["curves"] == runs[0]["curves"]
+    md = (tmp_path / "new" / "utkface.md").read_text()
+    assert "Restored records (`--restore-runs`" in md and f"2 run(s) from `{source.resolve()}`" in md
+
+    # restoring again changes nothing; the wrong table or a smoke-test JSON is refused, naming the fix
+    assert restore_runs(table, source, runs_dir)["restored"] == []
+    with pytest.raises(ValueError, match="holds the 'utkface' table, not 'cifar10'; pass a cifar10.json"):
+        restore_runs(TABLES["cifar10"], source, runs_dir)
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps({**json.loads(source.read_text()), "quick": True}))
+    with pytest.raises(ValueError, match="smoke-test runs"):
+        restore_runs(table, quick, runs_dir)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        restore_runs(table, tmp_path / "missing.json", runs_dir)
+
+
+def test_restored_runs_name_a_json_in_another_checkout_by_its_repo_path(tmp_path) -> None:
+    # the runner in a worktree restoring main's committed table: the records name the file as the
+    # repository does (benchmarks/results/...), not by this machine's absolute checkout path
+
+    table = TABLES["utkface"]
+    rows = [r for r in table.rows if r.key == "ce"]
+    runs = [{"row": "ce", "seed": 0, "ok": True, "wall_s": 100.0, "run_dir": "old/ce/seed0", "metrics": {"test/mae": 0.5}}]
+    other = tmp_path / "main"
+    (other / ".git").mkdir(parents=True)
+    write_outputs(other / "benchmarks" / "results", table, rows, runs, "cmd", [0], {}, False, [], {})
+    restore_runs(table, other / "benchmarks" / "results" / "utkface.json", tmp_path / "runs")
+    rec = json.loads((tmp_path / "runs" / "ce" / "seed0" / "result.json").read_text())
+    assert rec["restored_from"]["file"] == "benchmarks/results/utkface.json"
