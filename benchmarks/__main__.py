@@ -74,7 +74,7 @@ def run_one(name: str, quick: bool) -> tuple[str, dict[str, Any]]:
 def combined_readme(command: str, sections: dict[str, str], status: dict[str, str]) -> str:
     """README.md text: header (command, environment, status of each benchmark), then every section."""
     env = environment()
-    env_rows = [[k, "-" if v is None else str(v)] for k, v in env.items()]
+    env_rows = [[k, "-" if v is None else f"{len(v)} file(s)" if isinstance(v, list) else str(v)] for k, v in env.items()]
     status_rows = [
         [f"[{n}](#{n.replace('_', '-')})" if n in sections else n, ORDER.get(n, n), s] for n, s in status.items()
     ]

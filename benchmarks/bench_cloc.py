@@ -4,7 +4,7 @@ Run with ``python -m benchmarks.bench_cloc`` (``--quick`` for a small smoke run 
 
 * ``ours`` -- :class:`cloc_lightning.losses.cloc.OrdinalContrastiveLoss_mm` (learnable margins,
   float32, default ``reduction='official'``);
-* ``reference`` -- :func:`benchmarks.reference.cloc.cloc_reference_loss`, the official
+* ``reference`` -- :func:`tests.references.cloc.cloc_reference_loss`, the official
   ``dpitawela/CLOC`` algorithm (Python loop over positive columns, ``[N, N]`` float64 hinge
   matrices, ``O(N^3)``) re-expressed in our own code; it receives the same raw margins.
 
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
-from benchmarks.reference.cloc import cloc_reference_loss
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm
+from tests.references.cloc import cloc_reference_loss
 
 N_CLASSES = 8
 MAIN_BATCH = 512
@@ -222,7 +222,7 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
         f"threads; peak memory = peak RSS above the baseline during one fwd+bwd in a fresh process "
         f"(`VmHWM` after a `clear_refs` reset, see `benchmarks/harness.py`). dim 8 = the logits of a "
         f"{N_CLASSES}-way head as in the CLOC README loop; dim 128 = projection features. The reference is "
-        f"the official algorithm re-expressed as loops (`benchmarks/reference/cloc.py`).\n\n"
+        f"the official algorithm re-expressed as loops (`tests/references/cloc.py`).\n\n"
         f"{table}\n\n#### Goal (issues 3 and 7) and agreement on the benchmarked input\n\n{goal_table}\n\n"
         f"#### Scaling of ours (dim {SCALE_DIM})\n\n{scale_table}\n\n"
         f"Fitted growth exponent of time vs batch: **{exponent:.2f}** over {scale_ns[0]}-{scale_ns[-1]}, "

@@ -8,7 +8,7 @@ similarity (the paper's settings, Zha et al., NeurIPS 2023):
 * ``ours`` -- :func:`cloc_lightning.losses.rnc.rnc_loss`: per anchor, the views sorted by label
   distance and a running log-sum-exp of the logits give every denominator at once
   (O(M^2 log M) time, O(M^2) memory);
-* ``authors`` -- :func:`benchmarks.reference.rnc.rnc_authors_reference`, a reimplementation of the
+* ``authors`` -- :func:`tests.references.rnc.rnc_authors_reference`, a reimplementation of the
   authors' computation (``loss.py`` of kaiwenzha/Rank-N-Contrast): a Python loop over the
   ``M - 1`` positive columns, each building an ``[M, M - 1]`` mask of its negatives
   (O(M^3) time, and the graph keeps every step's mask: O(M^3) memory);
@@ -36,9 +36,9 @@ import torch.nn.functional as F
 
 from benchmarks.bench_sigmoid import _busy, _OtherCPU
 from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
-from benchmarks.reference.rnc import rnc_authors_reference
 from cloc_lightning.losses.rnc import rnc_loss
 from cloc_lightning.losses.supcon import supcon_loss
+from tests.references.rnc import rnc_authors_reference
 
 DIM = 128
 TEMPERATURE = 2.0

@@ -10,7 +10,7 @@ seed's defaults); ``x``, ``x'``, ``tau`` and ``b`` all require gradients.
   features (ours normalises inside, so the normalisation is part of every step),
   ``logit_scale = clamp(exp(tau), 0, max_tau)`` and ``logit_bias = b``: the same loss as ours at
   ``gamma = alpha = 0``;
-* ``scl_loss`` -- :func:`benchmarks.reference.sigmoid.scl_reference`, a reimplementation of the seed's
+* ``scl_loss`` -- :func:`tests.references.sigmoid.scl_reference`, a reimplementation of the seed's
   op-by-op computation, at ``gamma = 1, alpha = 1``.
 
 All four are timed interleaved in one process (``harness.time_interleaved``), once with 1
@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
-from benchmarks.reference.sigmoid import scl_reference
 from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
+from tests.references.sigmoid import scl_reference
 
 BATCH = 2048
 DIM = 128

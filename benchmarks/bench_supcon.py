@@ -10,7 +10,7 @@ also SupContrast's and our default 0.07 -- so all values must agree):
 * ``ours (tiled)``  -- the same loss with row blocks of ``TILE`` anchors;
 * ``PML``           -- ``pytorch_metric_learning.losses.SupConLoss`` (the real package) fed the
   ``[2N, dim]`` embeddings and the repeated labels;
-* ``SupContrast-style`` -- :func:`benchmarks.reference.supcon.supcontrast_reference`, a reimplementation
+* ``SupContrast-style`` -- :func:`tests.references.supcon.supcontrast_reference`, a reimplementation
   of the authors' dense computation.
 
 Timings are interleaved medians in one process (``harness.time_interleaved``); peak
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
-from benchmarks.reference.supcon import supcontrast_reference
 from cloc_lightning.losses.supcon import AUTO_DENSE_MAX_ELEMENTS, AUTO_TILE_ELEMENTS, supcon_loss
+from tests.references.supcon import supcontrast_reference
 
 TEMPERATURE = 0.07
 N_CLASSES = 100

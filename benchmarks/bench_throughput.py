@@ -52,9 +52,8 @@ torch thread, as one loader worker runs it: CIFAR-10 JPEGs (32 px) and UTKFace J
 JPEGs for 224 px (and wherever the shared data is absent).  Items/s per core tells how
 many loader workers a step rate needs.  **Colour jitter**: SupCon's colour augmentation
 (``ColorJitter(0.4, 0.4, 0.4, 0.1)`` with p 0.8, grayscale p 0.2) per image on the loader
-(torchvision v2 on a uint8 image) vs :func:`batched_color_jitter` on a float batch on the
-device (per-sample factors; one random order of the four operations per batch, where
-torchvision draws one per image).
+(torchvision v2 on a uint8 image) vs the data path's ``DeviceAugment`` on a uint8 batch on
+the device (per-sample factors and order, as torchvision draws them).
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +82,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmarks.harness import markdown_table, time_interleaved, write_results
+from experiments.provenance import provenance
 
 GOAL_RATIO_PLAIN = 0.95  # ours/plain images/s: within 5 %
 GOAL_RATIO_LIGHTLY = 1.0  # ours/lightly images/s
@@ -588,123 +588,6 @@ def step_case(method: str, size: StepSize, device: torch.device, precision: str 
 # --------------------------------------------------------------------------------------------
 
 
-def _gray(x: torch.Tensor) -> torch.Tensor:
-    """ITU-R 601 luma ``[..., 1, H, W]`` of RGB ``[..., 3, H, W]`` (torchvision's grayscale weights)."""
-    return (0.2989 * x[..., 0, :, :] + 0.587 * x[..., 1, :, :] + 0.114 * x[..., 2, :, :]).unsqueeze(-3)
-
-
-def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
-    """RGB in [0, 1] -> HSV in [0, 1] (A. R. Smith, "Color gamut transform pairs", SIGGRAPH 1978)."""
-    r, g, b = x.unbind(-3)
-    maxc, _ = x.max(-3)
-    minc, _ = x.min(-3)
-    delta = maxc - minc
-    safe = torch.where(delta > 0, delta, torch.ones_like(delta))
-    h = torch.where(maxc == r, ((g - b) / safe) % 6.0,
-                    torch.where(maxc == g, (b - r) / safe + 2.0, (r - g) / safe + 4.0))
-    h = torch.where(delta > 0, h / 6.0, torch.zeros_like(h)) % 1.0
-    s = torch.where(maxc > 0, delta / torch.where(maxc > 0, maxc, torch.ones_like(maxc)), torch.zeros_like(maxc))
-    return torch.stack([h, s, maxc], dim=-3)
-
-
-def _hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
-    """HSV in [0, 1] -> RGB, the inverse of :func:`_rgb_to_hsv`.
-
-    Per channel ``n`` in (5, 3, 1) for (R, G, B): ``k = (n + 6 h) mod 6``,
-    ``v - v s clamp(min(k, 4 - k), 0, 1)`` -- Smith's six-sector formula written without
-    branches (the "alternative" HSV-to-RGB function on Wikipedia's *HSL and HSV* page).
-    """
-    h, s, v = x.unbind(-3)
-    h6 = h * 6.0
-    out = []
-    for n in (5.0, 3.0, 1.0):
-        k = (h6 + n) % 6.0
-        out.append(v - v * s * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0))
-    return torch.stack(out, dim=-3)
-
-
-def batched_color_jitter(
-    x: torch.Tensor,
-    brightness: torch.Tensor,
-    contrast: torch.Tensor,
-    saturation: torch.Tensor,
-    hue: torch.Tensor,
-    order: Sequence[int] = (0, 1, 2, 3),
-    grayscale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Colour jitter of a float batch ``[B, 3, H, W]`` in [0, 1] with per-sample factors (each ``[B]``).
-
-    The operations of torchvision's ``adjust_brightness`` / ``adjust_contrast`` /
-    ``adjust_saturation`` / ``adjust_hue`` in ``order`` (0 brightness, 1 contrast, 2
-    saturation, 3 hue): brightness and saturation blend with black and with the grayscale
-    image, contrast with the image's mean gray level, hue rotates H in HSV.  A factor of 1
-    (0 for hue) leaves a sample unchanged.  ``grayscale`` (``[B]`` bool) then turns the
-    marked samples gray (3 equal channels).
-    """
-    def bshape(f: torch.Tensor) -> torch.Tensor:
-        return f.to(x.dtype).view(-1, 1, 1, 1)
-
-    for op in order:
-        if op == 0:
-            x = (x * bshape(brightness)).clamp(0.0, 1.0)
-        elif op == 1:
-            mean = _gray(x).mean(dim=(-3, -2, -1), keepdim=True)
-            f = bshape(contrast)
-            x = (f * x + (1.0 - f) * mean).clamp(0.0, 1.0)
-        elif op == 2:
-            f = bshape(saturation)
-            x = (f * x + (1.0 - f) * _gray(x)).clamp(0.0, 1.0)
-        elif op == 3:
-            hsv = _rgb_to_hsv(x)
-            h = (hsv[:, 0] + hue.to(x.dtype).view(-1, 1, 1)) % 1.0
-            x = _hsv_to_rgb(torch.stack([h, hsv[:, 1], hsv[:, 2]], dim=1))
-    if grayscale is not None:
-        x = torch.where(grayscale.view(-1, 1, 1, 1), _gray(x).expand_as(x), x)
-    return x
-
-
-def random_color_jitter(x: torch.Tensor, jitter: Sequence[float] = (0.4, 0.4, 0.4, 0.1), p: float = 0.8,
-                        grayscale_p: float = 0.2, generator: torch.Generator | None = None) -> torch.Tensor:
-    """SupCon's colour augmentation on a batch: jitter with probability ``p`` per sample, then grayscale with ``grayscale_p``.
-
-    Factors are drawn per sample on ``x``'s device (uniform in ``[1 - j, 1 + j]``, hue in
-    ``[-j, j]``), one random order of the four operations per batch.
-    """
-    b, dev = x.shape[0], x.device
-
-    def u(lo: float, hi: float) -> torch.Tensor:
-        return torch.rand(b, device=dev, generator=generator) * (hi - lo) + lo
-
-    on = torch.rand(b, device=dev, generator=generator) < p
-    one, zero = torch.ones(b, device=dev), torch.zeros(b, device=dev)
-    bj, cj, sj, hj = jitter
-    factors = [torch.where(on, u(1 - bj, 1 + bj), one), torch.where(on, u(1 - cj, 1 + cj), one),
-               torch.where(on, u(1 - sj, 1 + sj), one), torch.where(on, u(-hj, hj), zero)]
-    order = torch.randperm(4, generator=None).tolist()  # one order per batch (host RNG: no device sync)
-    gray = torch.rand(b, device=dev, generator=generator) < grayscale_p
-    return batched_color_jitter(x, *factors, order=order, grayscale=gray)
-
-
-def batched_gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel_size: int) -> torch.Tensor:
-    """Gaussian blur of a batch ``[B, C, H, W]`` with a per-sample ``sigma`` (``[B]``; <= 0 leaves a sample unchanged).
-
-    The blur of torchvision's ``gaussian_blur`` (weights ``exp(-d^2 / (2 sigma^2))`` at offsets
-    ``d = -(k-1)/2 .. (k-1)/2``, normalised; reflect padding) computed as two 1-D passes
-    (a Gaussian is separable), one grouped convolution per pass for the whole batch.
-    """
-    b, c, h, w = x.shape
-    r = kernel_size // 2
-    d = torch.arange(kernel_size, device=x.device, dtype=x.dtype) - r
-    s = sigma.to(x.dtype).clamp_min(1e-6).view(b, 1)
-    k = torch.softmax(-(d * d) / (2.0 * s * s), dim=1)  # [B, k], normalised
-    delta = (d == 0).to(x.dtype).expand(b, -1)
-    k = torch.where((sigma > 0).view(b, 1), k, delta).repeat_interleave(c, dim=0)  # [B*C, k]
-    y = F.pad(x.reshape(1, b * c, h, w), (r, r, r, r), mode="reflect")
-    y = F.conv2d(y, k.view(b * c, 1, 1, kernel_size), groups=b * c)
-    y = F.conv2d(y, k.view(b * c, 1, kernel_size, 1), groups=b * c)
-    return y.view(b, c, h, w)
-
-
 def _data_root() -> Path | None:
     """``$CLOC_BENCH_DATA``, ``$CLOC_SHARED_DATA`` (the GPU script's unpacked data) or ``../shared/data``, if it exists."""
     env = os.environ.get(DATA_ENV) or os.environ.get("CLOC_SHARED_DATA")
@@ -806,11 +689,22 @@ def jitter_bench(chunks: dict[int, int], batch: int, device: torch.device, repea
     """Per size: µs per image of SupCon's colour augmentation and of ReLIC's Gaussian blur, on the loader vs batched on ``device``.
 
     Loader: torchvision v2 on one uint8 image (what a loader worker does per view).
-    Device: :func:`random_color_jitter` / :func:`batched_gaussian_blur` on a float batch.
+    Device: the data path's :class:`~cloc_lightning.data.device_augment.DeviceAugment` (``--data.augment_on device``)
+    making one view of a uint8 batch stored at the view's size (no crop, no flip) with only the colour steps, or
+    only the blur; its parameters drawn on the host first, as the loader does.  ``device_plain`` is the same view
+    without them (uint8 to float, normalise), which the two include.
     """
+    import numpy as np
     from torchvision.transforms import v2
 
     from cloc_lightning.data import MultiCropViews
+    from cloc_lightning.data.device_augment import DeviceAugment, ViewSpec
+
+    def device_view(spec: ViewSpec, x: torch.Tensor) -> Callable[[], Any]:
+        aug = DeviceAugment([spec], mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+        hw = np.full((x.shape[0], 2), x.shape[-1])
+        params = {k: v.to(device) for k, v in aug.draw(np.arange(x.shape[0]), np.zeros(x.shape[0]), hw, hw).items()}
+        return lambda: aug.apply(x, params)
 
     loader_t = v2.Compose([v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), v2.RandomGrayscale(p=0.2)])
     jitter_only = v2.ColorJitter(0.4, 0.4, 0.4, 0.1)
@@ -822,14 +716,15 @@ def jitter_bench(chunks: dict[int, int], batch: int, device: torch.device, repea
         blur = v2.GaussianBlur(kernel, sigma=(0.1, 2.0))
         imgs = [v2.functional.to_image(torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g)) for _ in range(chunk)]
         b = batch if size <= 64 or device.type == "cuda" else max(8, batch // 4)
-        x = torch.rand(b, 3, size, size, generator=g).to(device)
-        sigma = (torch.rand(b, generator=g) * 1.9 + 0.1).to(device)
+        x = torch.randint(0, 256, (b, 3, size, size), dtype=torch.uint8, generator=g).to(device)
+        view = ViewSpec(size, crop="resize", flip_p=0.0)
         cases: dict[str, Callable[[], Any]] = {
             "loader": lambda imgs=imgs: [loader_t(i) for i in imgs],
             "loader_jitter_p1": lambda imgs=imgs: [jitter_only(i) for i in imgs],
             "loader_blur": lambda imgs=imgs, blur=blur: [blur(i) for i in imgs],
-            "device_batch": lambda x=x: random_color_jitter(x),
-            "device_blur": lambda x=x, sigma=sigma, kernel=kernel: batched_gaussian_blur(x, sigma, kernel),
+            "device_batch": device_view(replace(view, jitter=(0.4, 0.4, 0.4, 0.1), jitter_p=0.8, grayscale_p=0.2), x),
+            "device_blur": device_view(replace(view, blur_kernel=kernel, blur_p=1.0), x),
+            "device_plain": device_view(view, x),
         }
         stats = time_interleaved(cases, repeats=repeats, warmup=2, device=device, max_seconds=max_seconds)
         out[str(size)] = {
@@ -839,6 +734,7 @@ def jitter_bench(chunks: dict[int, int], batch: int, device: torch.device, repea
             "blur_kernel": kernel,
             "loader_blur_us_per_image": 1e3 * stats["loader_blur"].median_ms / chunk,
             "device_blur_us_per_image": 1e3 * stats["device_blur"].median_ms / b,
+            "device_plain_us_per_image": 1e3 * stats["device_plain"].median_ms / b,
             "device_batch": b,
         }
     return out
@@ -944,11 +840,12 @@ def render(data: dict[str, Any]) -> str:
         f"{pipe_md}\n\n"
         f"### Colour augmentation and blur on the loader vs batched on the device{smoke}\n\n"
         f"Colour: SupCon's `ColorJitter(0.4, 0.4, 0.4, 0.1)` (p 0.8) + `RandomGrayscale(0.2)`, torchvision v2 on one "
-        f"uint8 image (one loader worker, 1 thread) vs `benchmarks.bench_throughput.random_color_jitter` on a float "
-        f"batch on the device (per-sample factors, one random order per batch). Blur: ReLIC's `GaussianBlur` "
-        f"(MultiCropViews' kernel for the size, sigma in [0.1, 2]; torchvision convolves with the full k x k kernel) "
-        f"vs `batched_gaussian_blur` (per-sample sigma, two 1-D passes). Both batched versions match torchvision's "
-        f"operations to 1e-5 (tested). Per view; a 2-view item pays it twice.\n\n{jit_md}\n"
+        f"uint8 image (one loader worker, 1 thread) vs the data path's `DeviceAugment` (`--data.augment_on device`) making "
+        f"the view of a uint8 batch on the device (per-sample factors and order, as torchvision draws them). Blur: ReLIC's "
+        f"`GaussianBlur` (MultiCropViews' kernel for the size, sigma in [0.1, 2]; torchvision convolves with the full k x k "
+        f"kernel) vs the same `DeviceAugment` with the blur alone (per-sample sigma, two 1-D passes). The batched times "
+        f"include the view's uint8-to-float and normalisation (no crop, no flip); both match torchvision's operations "
+        f"(tests/data/test_device_augment.py). Per view; a 2-view item pays it twice.\n\n{jit_md}\n"
     )
 
 
@@ -1073,23 +970,9 @@ def _run(plan: str, dev: torch.device, precision: str, methods: list[str], budge
         "jitter": jitter,
         "goals": {"ours_over_plain": GOAL_RATIO_PLAIN, "ours_over_lightly": GOAL_RATIO_LIGHTLY},
         "data_root": str(_data_root()),
-        "code": _code_state(),
+        "code": {k: v for k, v in provenance().items() if k.startswith("git_")},  # the commit measured, the files that differed
         "seconds": time.perf_counter() - start,
     }
-
-
-def _code_state() -> dict[str, Any]:
-    """The git commit measured and the library files that differed from it (others may be editing them)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "cloc_lightning"], cwd=root, capture_output=True, text=True,
-                               check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "uncommitted_library_files": None}
-    return {"commit": commit, "uncommitted_library_files": [line[3:] for line in dirty]}
 
 
 if __name__ == "__main__":

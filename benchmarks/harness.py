@@ -38,7 +38,6 @@ import gc
 import importlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from experiments.provenance import provenance
+from experiments.render import markdown_table as markdown_table  # the benchmarks import it from here
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -253,32 +255,9 @@ def peak_memory_mb(factory: str, kwargs: dict[str, Any], timeout: float = 600) -
 
 
 def environment() -> dict[str, Any]:
-    """Versions and machine facts recorded with every result."""
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "memory_method": memory_method("cuda" if torch.cuda.is_available() else "cpu"),
-        # other processes on the machine (1-minute load average vs cpu_count) make CPU timings noisy
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-    for pkg in ("lightning", "open_clip", "pytorch_metric_learning", "timm"):
-        try:
-            info[pkg] = importlib.import_module(pkg).__version__
-        except Exception:  # noqa: BLE001 - optional peers
-            info[pkg] = None
-    return info
-
-
-def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    """Versions, machine, time and git state recorded with every result (:func:`experiments.provenance.provenance`),
+    and how peak memory is measured here (``memory_method``)."""
+    return {**provenance(), "memory_method": memory_method("cuda" if torch.cuda.is_available() else "cpu")}
 
 
 def write_results(name: str, markdown: str, data: dict[str, Any], command: str) -> Path:

@@ -61,22 +61,37 @@ DATA_LAYERS = {
     "errors": 4,
 }
 
+#: the result-table runner ``experiments/`` (beside the package): module -> layer (0 = top), one job a module; it
+#: imports nothing of ``benchmarks/`` or ``tests/`` (the benchmarks may import its provenance and tables, not the reverse)
+EXPERIMENT_LAYERS = {
+    "__main__": 0,
+    "cli": 0,
+    "runner": 1,
+    "render": 2,
+    "records": 2,
+    "logs": 3,
+    "stats": 3,
+    "tables": 4,
+    "provenance": 4,
+    "paths": 5,
+}
+
 #: inside ``methods/``: the bases and the helpers every method builds on (a method module, any other, builds on them)
 METHOD_BASES = {"base", "pretrain", "momentum", "defaults", "optim", "tracking", "grad_cache"}
 
 
-def _module_files(root: Path) -> dict[str, Path]:
-    """Dotted module name -> source file, for every module of the package under ``root`` (a package: its ``__init__``)."""
+def _module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of ``package`` under ``root`` (a package: its ``__init__``)."""
     files = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return files
 
 
-def import_graph(root: Path = REPO) -> dict[str, dict[str, int]]:
+def import_graph(root: Path = REPO, package: str = PACKAGE) -> dict[str, dict[str, int]]:
     """``{module: {imported package module: line of the first such import}}`` over every import statement."""
-    files = _module_files(root)
+    files = _module_files(root, package)
     graph: dict[str, dict[str, int]] = {}
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -287,3 +302,38 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
         "cloc_lightning.sub.c": {"cloc_lightning.a": 1},
     }
     assert import_cycles(graph) == [["cloc_lightning.a", "cloc_lightning.sub.b", "cloc_lightning.sub.c", "cloc_lightning.a"]]
+
+
+def _imported_tops(path: Path) -> set[str]:
+    """The top-level names a source file imports (absolute imports), wherever the import stands."""
+    tops: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            tops |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def test_the_experiment_runner_is_layered_and_stands_alone() -> None:
+    """``experiments/`` follows :data:`EXPERIMENT_LAYERS` (no circle, no import up), imports nothing of ``benchmarks/``
+    or ``tests/``, and the library imports neither of them."""
+    graph = import_graph(REPO, "experiments")
+    modules = {m.removeprefix("experiments.") for m in graph if m != "experiments"}
+    assert modules == set(EXPERIMENT_LAYERS), f"experiments/ modules without a layer: {sorted(modules ^ set(EXPERIMENT_LAYERS))}"
+    up = [
+        f"{module}:{line} imports {target}"
+        for module, edges in sorted(graph.items())
+        if module != "experiments"
+        for target, line in sorted(edges.items())
+        if target != "experiments"
+        and EXPERIMENT_LAYERS[target.removeprefix("experiments.")] < EXPERIMENT_LAYERS[module.removeprefix("experiments.")]
+    ]
+    assert not up, "experiments/ imports that point up (see EXPERIMENT_LAYERS):\n" + "\n".join(up)
+    assert not import_cycles(graph), import_cycles(graph)
+    foreign = sorted(f"{p.relative_to(REPO)} imports {top}" for p in _module_files(REPO, "experiments").values()
+                     for top in _imported_tops(p) & {"benchmarks", "tests"})
+    assert not foreign, "the runner imports the benchmarks or the tests:\n" + "\n".join(foreign)
+    tooling = sorted(f"{p.relative_to(REPO)} imports {top}" for p in _module_files(REPO).values()
+                     for top in _imported_tops(p) & {"experiments", "benchmarks", "tests"})
+    assert not tooling, "the library imports the repository's tooling:\n" + "\n".join(tooling)

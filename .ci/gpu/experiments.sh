@@ -4,7 +4,7 @@
 #   CLOC_GPU_DATA=utkface .ci/gpu/prepare.sh     # where pip and ../shared/data are: wheels, every face, git.tar
 #   .ci/gpu/experiments.sh                       # on the node (carry .ci/gpu/cache along, about 55 MB)
 #
-# The same rows, configs and runner as the CPU table (`python -m benchmarks.experiments utkface`), at a
+# The same rows, configs and runner as the CPU table (`python -m experiments utkface`), at a
 # larger scale: every row gets `--extra` $CLOC_GPU_TABLE_EXTRA (default: 128 px, 20 epochs, the GPU,
 # 2 loader workers per run).  The runs share the one device and the node's CPUs: one runner process per
 # row (CE, CLOC mm, CORN, CORAL: seeds 0, 1, 2 one after another) and one per seed of the two-stage
@@ -77,7 +77,7 @@ pids=()
 launch() {  # launch <log name> <runner arguments...>
   local tag=$1; shift
   # shellcheck disable=SC2086  # $quick and $extra are word lists
-  timeout -s TERM -k 30 $(( deadline - $(date +%s) )) "$VPY" -m benchmarks.experiments utkface $quick "$@" \
+  timeout -s TERM -k 30 $(( deadline - $(date +%s) )) "$VPY" -m experiments utkface $quick "$@" \
     --runs-dir "$runs" --out "$WORK/out_$tag" --data-root "$CLOC_SHARED_DATA" --deadline "$iso" --extra $extra \
     > "$WORK/$tag.log" 2>&1 &
   pids+=($!)
@@ -107,7 +107,7 @@ grep -h "\] utkface/" "$WORK"/*.log | grep -v "running \.\.\." || true
 mapfile -t all_rows < <(find "$runs" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort)
 stamp "render: ${all_rows[*]} over the finished runs -> $dest"
 # shellcheck disable=SC2086
-"$VPY" -m benchmarks.experiments utkface $quick --rows "${all_rows[@]}" --seeds $seeds --runs-dir "$runs" --out "$dest" \
+"$VPY" -m experiments utkface $quick --rows "${all_rows[@]}" --seeds $seeds --runs-dir "$runs" --out "$dest" \
   --data-root "$CLOC_SHARED_DATA" --deadline 2000-01-01T00:00 --extra $extra > "$WORK/render.log" 2>&1
 rc=$?
 tail -5 "$WORK/render.log"

@@ -9,8 +9,8 @@ import torch
 
 from benchmarks import bench_rnc
 from benchmarks.__main__ import ORDER, available
-from benchmarks.reference.rnc import rnc_authors_reference
 from tests.losses.test_rnc import rnc_reference
+from tests.references.rnc import rnc_authors_reference
 
 
 @pytest.mark.parametrize(("bsz", "dim", "tau"), [(1, 3, 2.0), (4, 5, 2.0), (7, 4, 0.5)])

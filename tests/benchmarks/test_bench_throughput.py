@@ -1,4 +1,5 @@
-"""benchmarks/bench_throughput.py: the batched colour jitter against torchvision, the EMA update, and a smoke run.
+"""benchmarks/bench_throughput.py: the EMA update and a smoke run (its device-side colour jitter and blur are the data
+path's ``DeviceAugment``, tested against torchvision in tests/data/test_device_augment.py).
 
 No timing is asserted: the smoke run checks the structure and that every loop really trained.
 """
@@ -10,65 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from torchvision.transforms.v2 import functional as TF
 
 from benchmarks import bench_throughput as bt
 from benchmarks.__main__ import ORDER, available
-
-
-def _torchvision_jitter(x: torch.Tensor, factors: list[torch.Tensor], order: tuple[int, ...], gray: torch.Tensor) -> torch.Tensor:
-    """The reference: torchvision's functional colour ops, one image at a time."""
-    ops = [TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue]
-    out = []
-    for i in range(x.shape[0]):
-        y = x[i]
-        for op in order:
-            y = ops[op](y, float(factors[op][i]))
-        if gray[i]:
-            y = TF.rgb_to_grayscale(y, num_output_channels=3)
-        out.append(y)
-    return torch.stack(out)
-
-
-@pytest.mark.parametrize("order", [(0,), (1,), (2,), (3,), (0, 1, 2, 3), (3, 2, 1, 0), (2, 0, 3, 1)])
-def test_batched_color_jitter_matches_torchvision(order: tuple[int, ...]) -> None:
-    g = torch.Generator().manual_seed(0)
-    b = 7
-    x = torch.rand(b, 3, 13, 11, generator=g)
-    x[0] = 0.5  # gray: no hue, zero saturation
-    x[1, :, :3] = 0.0  # black pixels (max = 0)
-    x[2, 1] = x[2, 0]  # ties between the largest channels
-    factors = [torch.rand(b, generator=g) * 0.8 + 0.6 for _ in range(3)] + [torch.rand(b, generator=g) * 0.2 - 0.1]
-    factors[0][3] = factors[1][3] = factors[2][3] = 1.0  # an unchanged sample
-    factors[3][3] = 0.0
-    gray = torch.tensor([False, True, False, False, True, False, False])
-    got = bt.batched_color_jitter(x, *factors, order=order, grayscale=gray)
-    ref = _torchvision_jitter(x, factors, order, gray)
-    assert got.shape == x.shape
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    torch.testing.assert_close(got[3], x[3], atol=1e-5, rtol=0)  # identity factors leave a sample as it is
-
-
-def test_random_color_jitter_is_per_sample_and_in_range() -> None:
-    g = torch.Generator().manual_seed(1)
-    x = torch.rand(64, 3, 8, 8, generator=g)
-    y = bt.random_color_jitter(x, p=0.8, grayscale_p=0.2, generator=g)
-    assert y.shape == x.shape and y.min() >= 0 and y.max() <= 1
-    changed = (y - x).abs().flatten(1).amax(1) > 1e-6
-    assert 0 < int(changed.sum()) < 64  # some samples drawn unchanged (p 0.8, gray 0.2), most changed
-    # p = 0: identity factors (the HSV round trip of the hue step is exact to float32 rounding)
-    torch.testing.assert_close(bt.random_color_jitter(x, p=0.0, grayscale_p=0.0), x, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("kernel", [3, 5, 9])
-def test_batched_gaussian_blur_matches_torchvision(kernel: int) -> None:
-    g = torch.Generator().manual_seed(2)
-    x = torch.rand(4, 3, 12, 10, generator=g)
-    sigma = torch.tensor([0.1, 0.7, 2.0, 0.0])  # 0: the sample is left unchanged (RandomApply not drawn)
-    got = bt.batched_gaussian_blur(x, sigma, kernel)
-    ref = torch.stack([TF.gaussian_blur(x[i], [kernel, kernel], [float(s), float(s)]) if s > 0 else x[i]
-                       for i, s in enumerate(sigma)])
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
 def test_ema_update_formula_and_integer_buffers() -> None:
@@ -135,6 +80,7 @@ def test_smoke_run_pipeline_and_jitter_tables(smoke: tuple[str, dict[str, Any]])
     jit = data["jitter"]["32"]
     assert jit["loader_us_per_image"] > 0 and jit["device_us_per_image"] > 0
     assert jit["loader_blur_us_per_image"] > 0 and jit["device_blur_us_per_image"] > 0 and jit["blur_kernel"] == 3
+    assert jit["device_plain_us_per_image"] > 0
     assert "Data pipeline per loader core" in md and "Colour augmentation" in md
 
 

@@ -25,8 +25,6 @@ from torch import nn
 open_clip = pytest.importorskip("open_clip")
 from open_clip.transformer import QuickGELU  # noqa: E402
 
-from benchmarks.reference.ordinal_clip import seed_interpolation  # noqa: E402
-from benchmarks.reference.schedules import torch_epoch_lrs  # noqa: E402
 from cloc_lightning.data import UTKFaceDataModule  # noqa: E402
 from cloc_lightning.methods import OrdinalCLIPModule  # noqa: E402
 from cloc_lightning.methods.optim import lr_factor  # noqa: E402
@@ -34,6 +32,8 @@ from cloc_lightning.nn import clip as clip_mod  # noqa: E402
 from cloc_lightning.nn.clip import load_clip  # noqa: E402
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights  # noqa: E402
 from tests.conftest import REPO, linked_model_args, run_cli  # noqa: E402
+from tests.references.ordinal_clip import seed_interpolation  # noqa: E402
+from tests.references.schedules import torch_epoch_lrs  # noqa: E402
 
 SEED_CFG = REPO / "configs" / "ordinal_clip" / "utkface_seed.yaml"
 

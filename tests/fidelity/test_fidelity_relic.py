@@ -29,8 +29,6 @@ import torch
 import yaml
 from torch import nn
 
-from benchmarks.reference.schedules import scl_train_ema_coefficients
-from benchmarks.reference.sigmoid import filtering_threshold, sigmoid_loop_reference
 from cloc_lightning.data import MultiCropViews, OrdinalShapesDataModule
 from cloc_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_loss
@@ -38,6 +36,8 @@ from cloc_lightning.methods import ReLICModule
 from cloc_lightning.nn.ema import scl_train_beta, scl_train_beta_horizon
 from cloc_lightning.probe import PROBE_PRESETS, extract_features, logistic_regression_probe, probe_checkpoint, probe_settings
 from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer
+from tests.references.schedules import scl_train_ema_coefficients
+from tests.references.sigmoid import filtering_threshold, sigmoid_loop_reference
 
 QUIET = dict(online_probe=False, knn_k=0)
 SEED_CONFIGS = {"cifar10": 32, "stl10": 96}  # configs/relic/<name>.yaml reproduce the seed; their image size

@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.reference.schedules import supcontrast_lrs
 from cloc_lightning.methods.optim import lr_factor
 from cloc_lightning.nn.backbones import create_backbone
+from tests.references.schedules import supcontrast_lrs
 
 
 @pytest.mark.parametrize("lr", [0.05, 0.5])

@@ -30,14 +30,14 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
-from benchmarks.reference.schedules import supcontrast_lrs  # the seed's per-step learning rates
-from benchmarks.reference.supcon import supcon_loop_reference  # the seed's SupConLoss (SupContrast, PR #142)
 from cloc_lightning.data import CIFAR10DataModule, ImageFolderDataModule, OrdinalShapesDataModule
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.losses.supcon import SupConLoss, supcon_loss
 from cloc_lightning.methods import CEModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
 from tests.conftest import REPO, TINY_BACKBONE, cpu_trainer, linked_model_args
+from tests.references.schedules import supcontrast_lrs  # the seed's per-step learning rates
+from tests.references.supcon import supcon_loop_reference  # the seed's SupConLoss (SupContrast, PR #142)
 
 
 # =============================================================================================

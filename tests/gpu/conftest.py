@@ -234,7 +234,7 @@ def losses_table(gpu_out: Path) -> Table:
         ("grad_tol", "gradient tolerance"),
     ], notes=[
         "Inputs drawn in float64, rounded to the autocast dtype, fed to the loss on the device under torch.autocast; the "
-        "reference (benchmarks/reference/) gets the same rounded values in float64 on the CPU.",
+        "reference (tests/references/) gets the same rounded values in float64 on the CPU.",
         "The loss must equal the reference to 2e-5 (relative; the losses compute in float32 inside autocast); gradients "
         "w.r.t. the inputs come back in the input dtype and must match to a few units of its rounding.",
     ], sort_key=lambda r: (r.get("loss", ""), r.get("dtype", "")))

@@ -4,12 +4,12 @@ The inputs are drawn in float64 and rounded to the dtype of the case (what a pro
 ``16-mixed`` / ``bf16-mixed`` hands the loss), then
 
 * the loss runs on the device inside ``torch.autocast("cuda", dtype)`` (``float32``: no autocast),
-* the independent reference of :mod:`benchmarks.reference` gets the *same rounded values* in float64
-  on the CPU: :func:`~benchmarks.reference.cloc.cloc_dense_reference` (CLOC mm / sm, learnable
-  margins), :func:`~benchmarks.reference.supcon.supcon_loop_reference` and
-  :func:`~benchmarks.reference.supcon.supcontrast_reference` (SupCon, SimCLR),
-  :func:`~benchmarks.reference.sigmoid.scl_reference` (the sigmoid loss, with τ and b) and
-  :func:`~benchmarks.reference.ordinal_clip.ordinal_clip_loss_reference` (OrdinalCLIP, with its
+* the independent reference of :mod:`tests.references` gets the *same rounded values* in float64
+  on the CPU: :func:`~tests.references.cloc.cloc_dense_reference` (CLOC mm / sm, learnable
+  margins), :func:`~tests.references.supcon.supcon_loop_reference` and
+  :func:`~tests.references.supcon.supcontrast_reference` (SupCon, SimCLR),
+  :func:`~tests.references.sigmoid.scl_reference` (the sigmoid loss, with τ and b) and
+  :func:`~tests.references.ordinal_clip.ordinal_clip_loss_reference` (OrdinalCLIP, with its
   analytic gradient).
 
 The loss must come back as float32 and equal the reference to 2e-5 (relative): the losses compute
@@ -29,10 +29,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.reference.cloc import cloc_dense_reference, softplus_reference
-from benchmarks.reference.ordinal_clip import ordinal_clip_loss_reference
-from benchmarks.reference.sigmoid import scl_reference
-from benchmarks.reference.supcon import supcon_loop_reference, supcontrast_reference
 from cloc_lightning.losses import (
     OrdinalCLIPLoss,
     OrdinalContrastiveLoss_mm,
@@ -41,6 +37,10 @@ from cloc_lightning.losses import (
     SupConLoss,
 )
 from tests.gpu.conftest import CUDA, Table, requires_gpu
+from tests.references.cloc import cloc_dense_reference, softplus_reference
+from tests.references.ordinal_clip import ordinal_clip_loss_reference
+from tests.references.sigmoid import scl_reference
+from tests.references.supcon import supcon_loop_reference, supcontrast_reference
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 

@@ -3,7 +3,7 @@
 What a ``bf16-mixed`` training step hands a loss: bf16 tensors (the last linear layer ran under autocast) or float32
 ones holding bf16 values.  Each loss must compute in float32 with autocast off, so its value equals the float64
 value of the *same* (bf16-representable) inputs up to float32 rounding, not up to bf16 rounding (~4e-3).  The
-references are the independent ones of ``benchmarks/reference/`` (loops, the seeds' op-by-op code, NumPy), run in
+references are the independent ones of ``tests/references/`` (loops, the seeds' op-by-op code, NumPy), run in
 float64 on those inputs upcast; the grid covers small and mid sizes (several row blocks where a loss has them).
 
 Tolerances, from the roundings involved:
@@ -32,10 +32,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.reference.cloc import cloc_dense_reference, softplus_reference
-from benchmarks.reference.ordinal_clip import ordinal_clip_loss_reference
-from benchmarks.reference.sigmoid import scl_reference
-from benchmarks.reference.supcon import supcon_loop_reference, supcontrast_reference
 from cloc_lightning.losses import (
     OrdinalCLIPLoss,
     OrdinalContrastiveLoss_mm,
@@ -43,6 +39,10 @@ from cloc_lightning.losses import (
     SigmoidContrastiveLoss,
     SupConLoss,
 )
+from tests.references.cloc import cloc_dense_reference, softplus_reference
+from tests.references.ordinal_clip import ordinal_clip_loss_reference
+from tests.references.sigmoid import scl_reference
+from tests.references.supcon import supcon_loop_reference, supcontrast_reference
 
 F64 = torch.float64
 VALUE_RTOL = 2e-5

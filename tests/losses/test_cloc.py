@@ -1,7 +1,7 @@
 """CLOC loss (issue 3 "The loss", issue 7 DDP, issue 9 mixed precision / bad input).
 
 Values and gradients are checked against the independent references of
-:mod:`benchmarks.reference.cloc`, never against the code under test:
+:mod:`tests.references.cloc`, never against the code under test:
 
 * :func:`cloc_loop_reference` -- issue 3's formula as a plain triple loop in float64
   (anchor i, positive j, negative k), differentiated by autograd;
@@ -19,8 +19,6 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from benchmarks.reference.cloc import cloc_dense_reference, cloc_loop_reference
-from benchmarks.reference.cloc import softplus_reference as _ref_softplus
 from cloc_lightning import distributed as D
 from cloc_lightning.losses import cloc as cloc_mod
 from cloc_lightning.losses.cloc import (
@@ -30,6 +28,8 @@ from cloc_lightning.losses.cloc import (
 )
 from tests._ddp import run_distributed
 from tests.losses.conftest import grad_check
+from tests.references.cloc import cloc_dense_reference, cloc_loop_reference
+from tests.references.cloc import softplus_reference as _ref_softplus
 
 F64 = torch.float64
 

@@ -1,5 +1,5 @@
 """The OrdinalCLIP loss (``cloc_lightning/losses/rank_prompt.py``): CE + KL over the ranks against the NumPy
-reference of ``benchmarks/reference/ordinal_clip.py`` (values and gradients), bf16 inputs, degenerate batches,
+reference of ``tests/references/ordinal_clip.py`` (values and gradients), bf16 inputs, degenerate batches,
 bad input."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.reference.ordinal_clip import ordinal_clip_loss_reference
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss, ordinal_clip_loss
 from tests.losses.conftest import grad_check
+from tests.references.ordinal_clip import ordinal_clip_loss_reference
 
 
 @pytest.mark.parametrize("N", [1, 2, 7, 32])

@@ -1,6 +1,6 @@
 """Sigmoid contrastive loss (ReLIC-sigmoid, seed ``scl_loss``) against independent references.
 
-* ``sigmoid_loop_reference`` (:mod:`benchmarks.reference.sigmoid`): one Python step per
+* ``sigmoid_loop_reference`` (:mod:`tests.references.sigmoid`): one Python step per
   (row, column) pair of the formula in float64 NumPy; its gradients are central finite
   differences of the same loop (nothing shared with torch's autograd or with the fused
   implementation).
@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 import cloc_lightning.distributed as D
 import cloc_lightning.losses.sigmoid as sigmoid_mod
-from benchmarks.reference.sigmoid import scl_reference, sigmoid_loop_reference
 from cloc_lightning.losses import SigmoidContrastiveLoss, sigmoid_contrastive_loss
 from tests._ddp import run_distributed
 from tests.losses.conftest import grad_check
+from tests.references.sigmoid import scl_reference, sigmoid_loop_reference
 
 
 def numpy_value_and_grads(

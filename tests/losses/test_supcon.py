@@ -1,6 +1,6 @@
 """SupConLoss against an independent loop reference of Khosla et al. 2020, eq. 2 (L_out).
 
-The reference (:func:`benchmarks.reference.supcon.supcon_loop_reference`) walks anchors, contrast entries and positives one by one in
+The reference (:func:`tests.references.supcon.supcon_loop_reference`) walks anchors, contrast entries and positives one by one in
 float64 (autograd through the loop gives its gradients); it shares no code with
 ``cloc_lightning.losses.supcon``.  Anchors without positives contribute 0 and the
 mean runs over all anchors (SupContrast PR #142).  As SupContrast's ``losses.py``, the
@@ -16,14 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.reference.supcon import supcon_loop_reference
-from benchmarks.reference.supcon import supcon_loop_reference as reference_loss
-from benchmarks.reference.supcon import supcon_loop_reference_per_anchor as reference_per_anchor
 from cloc_lightning import distributed as D
 from cloc_lightning.losses import supcon as supcon_module
 from cloc_lightning.losses.supcon import AUTO_DENSE_MAX_ELEMENTS, AUTO_TILE_ELEMENTS, SupConLoss, _choose_tile, supcon_loss
 from tests._ddp import run_distributed
 from tests.losses.conftest import grad_check
+from tests.references.supcon import supcon_loop_reference
+from tests.references.supcon import supcon_loop_reference as reference_loss
+from tests.references.supcon import supcon_loop_reference_per_anchor as reference_per_anchor
 
 
 def _features(bsz: int, views: int, dim: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -13,9 +13,9 @@ from torch import nn
 
 open_clip = pytest.importorskip("open_clip")
 
-from benchmarks.reference.ordinal_clip import interpolation_weights_formula  # noqa: E402
 from cloc_lightning.nn.prompt_learner import RankPromptLearner, rank_interpolation_weights  # noqa: E402
 from tests.nn.conftest import CTX_LEN, make_clip  # noqa: E402
+from tests.references.ordinal_clip import interpolation_weights_formula  # noqa: E402
 
 
 def token_table(model: nn.Module) -> torch.Tensor:
