@@ -104,6 +104,8 @@ class CLOCModule(ClassifierModule):
         # loss") under plain ``strategy: ddp``.  Their gradients are averaged over ranks in
         # :meth:`on_after_backward` and their values broadcast from rank 0 in :meth:`on_fit_start`.
         self._ddp_params_and_buffers_to_ignore = self._margin_state_names()
+        # False only for a checkpoint whose optimiser left the frozen margins out (see on_load_checkpoint)
+        self._margins_in_optimizer = True
 
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
@@ -136,11 +138,16 @@ class CLOCModule(ClassifierModule):
         return self.cloc_loss.margin_parameters()
 
     def param_groups(self) -> list[dict[str, Any]]:
-        """Model parameters with the base settings; margins in their own group (``margin_lr``/``margin_weight_decay``)."""
+        """Model parameters with the base settings; margins in their own group (``margin_lr``/``margin_weight_decay``).
+
+        The margins built learnable are in it, frozen or not: after the freeze their ``grad`` stays
+        ``None`` and the optimiser skips them, so the optimiser is built alike before and after the
+        freeze (a resumed fit loads its state as written).
+        """
         margin_ids = {id(p) for p in self.cloc_loss.parameters()}
         model = [p for p in self.parameters() if p.requires_grad and id(p) not in margin_ids]
         groups: list[dict[str, Any]] = [{"name": "model", "params": model}]
-        margins = self.margin_parameters()
+        margins = self.cloc_loss.optimised_parameters() if self._margins_in_optimizer else self.margin_parameters()
         if margins:
             h = self.hparams
             groups.append(
@@ -155,33 +162,17 @@ class CLOCModule(ClassifierModule):
         return self.cloc_loss.frozen
 
     def freeze_margins(self) -> list[list[Any]]:
-        """Stop the margins from learning (phase two): the owner freezes them, the optimisers drop them.
+        """Stop the margins from learning (phase two): their owner freezes them.
 
         Records the trainer's epoch and step with the freeze (``cloc_loss.frozen_at``) and returns
         the all-``fixed`` ``learnable_map`` of the current margins.  Safe to call again; called by
-        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.  (A freeze through the owner itself,
-        ``cloc_loss.freeze()``, is completed before the next training step.)
+        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.  The margins stay in their optimiser
+        group with the state phase one left; with no gradient from now on, the optimiser skips
+        them (the same holds for a freeze through the owner itself, ``cloc_loss.freeze()``).
         """
         if self._trainer is None:
             return self.cloc_loss.freeze()
-        learnable_map = self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
-        self._drop_margins_from_optimizers()
-        return learnable_map
-
-    def _drop_margins_from_optimizers(self) -> None:
-        """Remove the (frozen) margins and their state from the trainer's optimisers, where one still holds them."""
-        if self._trainer is None or not self.trainer.optimizers:
-            return
-        margins = list(self.cloc_loss.parameters())
-        ids = {id(p) for p in margins}
-        if any(id(p) in ids for opt in self.trainer.optimizers for group in opt.param_groups for p in group["params"]):
-            _remove_params_from_optimizer(self.trainer, margins)
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """The base checks; frozen margins leave the optimisers before the step, however they were frozen."""
-        super().on_train_batch_start(batch, batch_idx)
-        if self.cloc_loss.frozen:
-            self._drop_margins_from_optimizers()
+        return self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -189,10 +180,13 @@ class CLOCModule(ClassifierModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        record = dict(checkpoint.get("cloc", {}))
-        if record.get("margins_frozen") and record.get("frozen_at") is None:
-            record["frozen_at"] = _frozen_at_in_callback_states(checkpoint)
-        self.cloc_loss.load_checkpoint_record(record)
+        self.cloc_loss.load_checkpoint_record(checkpoint.get("cloc", {}))
+        # Written after the freeze by an earlier build, which removed the frozen margins from the optimiser:
+        # resuming it builds the optimiser without them, as its stored state has it.
+        stored = [g for state in checkpoint.get("optimizer_states") or [] for g in state.get("param_groups", [])]
+        self._margins_in_optimizer = not (
+            self.margins_frozen and stored and not any(g.get("name") == "margins" for g in stored)
+        )
 
     def configure_callbacks(self) -> list[Any]:
         """The base callbacks plus a :class:`~cloc_lightning.callbacks.CLOCMarginPlot` unless one is configured."""
@@ -231,6 +225,8 @@ class CLOCModule(ClassifierModule):
         """
         if not dist_utils.is_distributed():
             return
+        # the trainable margins only: a frozen one keeps ``grad is None`` (a zero gradient would move it
+        # through Adam's momentum or AdamW's decay, as it is still in its optimiser group)
         params = self.cloc_loss.margin_parameters()
         grads = []
         for p in params:
@@ -272,45 +268,3 @@ class CLOCModule(ClassifierModule):
             self.log_dict({f"margins/{k}": v for k, v in self.cloc_loss.margin_values().items()}, batch_size=n)
         return loss
 
-
-def _remove_params_from_optimizer(trainer: Any, params: list[nn.Parameter]) -> None:
-    """Drop ``params`` (and their state) from every optimiser; empty groups go, with their scheduler entries."""
-    ids = {id(p) for p in params}
-    for opt in trainer.optimizers:
-        removed: list[int] = []
-        for gi, group in enumerate(opt.param_groups):
-            kept = [p for p in group["params"] if id(p) not in ids]
-            for p in group["params"]:
-                if id(p) in ids:
-                    opt.state.pop(p, None)
-            group["params"] = kept
-            if not kept:
-                removed.append(gi)
-        for gi in reversed(removed):
-            del opt.param_groups[gi]
-        if not removed:
-            continue
-        n_groups = len(opt.param_groups)
-        for cfg in trainer.lr_scheduler_configs:
-            sched = cfg.scheduler
-            if getattr(sched, "optimizer", None) is not opt:
-                continue
-            for attr in ("base_lrs", "_last_lr", "lr_lambdas"):
-                seq = getattr(sched, attr, None)
-                if isinstance(seq, list) and len(seq) == n_groups + len(removed):
-                    for gi in reversed(removed):
-                        del seq[gi]
-
-
-def _frozen_at_in_callback_states(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """When the margins were frozen, for checkpoints written before their ``cloc`` record said it.
-
-    Those kept it only in the callbacks' states: ``CLOCMarginFreeze``'s ``frozen_at``, else
-    ``CLOCMarginPlot``'s ``frozen_step``.
-    """
-    states = checkpoint.get("callbacks", {})
-    frozen_at = states.get("CLOCMarginFreeze", {}).get("frozen_at")
-    if frozen_at:
-        return dict(frozen_at)
-    step = states.get("CLOCMarginPlot", {}).get("frozen_step")
-    return None if step is None else {"epoch": None, "step": step}
