@@ -117,6 +117,7 @@ def test_resume_in_process_is_exact_after_the_margin_freeze(tmp_path: Path) -> N
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
     ends = [torch.load(tmp_path / run / "last.ckpt", map_location="cpu", weights_only=False) for run in ("full", "part")]
     assert [g["name"] for g in ends[1]["optimizer_states"][0]["param_groups"]] == ["model", "margins"]
+    assert ends[1]["cloc"]["margins_in_optimizer"] is True
     for key in ("optimizer_states", "lr_schedulers", "cloc"):
         assert_same(ends[1][key], ends[0][key], key)
 
@@ -134,5 +135,8 @@ def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
     assert trainer.global_step == 6  # 2 stored epochs + 1 more, 2 steps each
     assert model.margins_frozen and torch.equal(model.cloc_loss.margins().detach(), stored["margins"])
     assert _all_finite(model)
-    # written after the freeze by a build that removed the margins from the optimiser: resumed without them
+    # written after the freeze by a build that removed the margins from the optimiser: resumed without them,
+    # and its checkpoints say so (they resume the same way)
     assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["model"]
+    trainer.save_checkpoint(str(tmp_path / "again.ckpt"))
+    assert torch.load(tmp_path / "again.ckpt", weights_only=False)["cloc"]["margins_in_optimizer"] is False

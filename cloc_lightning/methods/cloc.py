@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.checkpoints import CheckpointMismatchError
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.losses.cloc_margins import LearnableMap, load_learnable_map
@@ -104,8 +105,10 @@ class CLOCModule(ClassifierModule):
         # loss") under plain ``strategy: ddp``.  Their gradients are averaged over ranks in
         # :meth:`on_after_backward` and their values broadcast from rank 0 in :meth:`on_fit_start`.
         self._ddp_params_and_buffers_to_ignore = self._margin_state_names()
-        # False only for a checkpoint whose optimiser left the frozen margins out (see on_load_checkpoint)
+        # False only after loading a checkpoint whose optimiser dropped the frozen margins (an earlier build)
         self._margins_in_optimizer = True
+        # parameters per optimiser of a checkpoint resumed after the freeze (checked in on_fit_start)
+        self._stored_optimizer_sizes: list[int] | None = None
 
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
@@ -176,17 +179,42 @@ class CLOCModule(ClassifierModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["cloc"] = self.cloc_loss.checkpoint_record()
+        # the margins' record, and whether the optimiser holds the margins built learnable (frozen or not)
+        checkpoint["cloc"] = {**self.cloc_loss.checkpoint_record(), "margins_in_optimizer": self._margins_in_optimizer}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        self.cloc_loss.load_checkpoint_record(checkpoint.get("cloc", {}))
-        # Written after the freeze by an earlier build, which removed the frozen margins from the optimiser:
-        # resuming it builds the optimiser without them, as its stored state has it.
-        stored = [g for state in checkpoint.get("optimizer_states") or [] for g in state.get("param_groups", [])]
-        self._margins_in_optimizer = not (
-            self.margins_frozen and stored and not any(g.get("name") == "margins" for g in stored)
-        )
+        record = checkpoint.get("cloc", {})
+        self.cloc_loss.load_checkpoint_record(record)
+        # Without ``margins_in_optimizer`` (an earlier build), the optimiser held the margins until the freeze and
+        # dropped them at it: a fit resumed after the freeze builds its optimiser without them, as stored.
+        self._margins_in_optimizer = bool(record.get("margins_in_optimizer", not self.margins_frozen))
+        self._stored_optimizer_sizes = [
+            sum(len(g["params"]) for g in state.get("param_groups", [])) for state in checkpoint.get("optimizer_states") or []
+        ] if self.margins_frozen and self._margins_in_optimizer else None
+
+    def _check_resumed_optimizers(self) -> None:
+        """One line naming the fix when a resumed fit's optimiser leaves out the frozen margins its checkpoint holds.
+
+        The margins stay in their optimiser group after the freeze; an own ``param_groups`` or
+        ``configure_optimizers`` that keeps only parameters with ``requires_grad`` leaves them out on
+        resume, and torch would refuse the stored state with a message naming neither.
+        """
+        stored, self._stored_optimizer_sizes = self._stored_optimizer_sizes, None
+        margins = {id(p) for p in self.cloc_loss.optimised_parameters()}
+        optimizers = self.trainer.optimizers
+        if not stored or not margins or self.trainer.ckpt_path is None or len(stored) != len(optimizers):
+            return
+        built = [[p for g in opt.param_groups for p in g["params"]] for opt in optimizers]
+        if any(id(p) in margins for params in built for p in params):
+            return
+        if sum(stored) == sum(len(params) for params in built) + len(margins):
+            raise CheckpointMismatchError(
+                f"{type(self).__name__}: cannot resume {self.trainer.ckpt_path}: its optimiser holds the frozen CLOC "
+                "margins, but the optimiser built for resuming leaves them out (its param_groups or configure_optimizers "
+                "keeps only parameters with requires_grad); keep self.cloc_loss.optimised_parameters() in the optimiser: "
+                "frozen margins get no gradient, so the optimiser skips them"
+            )
 
     def configure_callbacks(self) -> list[Any]:
         """The base callbacks plus a :class:`~cloc_lightning.callbacks.CLOCMarginPlot` unless one is configured."""
@@ -210,6 +238,8 @@ class CLOCModule(ClassifierModule):
             )
 
     def on_fit_start(self) -> None:
+        # after configure_optimizers, before a resumed fit loads the optimiser state
+        self._check_resumed_optimizers()
         # every rank starts from rank 0's margins (DDP does not broadcast what it ignores)
         dist_utils.broadcast_([*self.cloc_loss.parameters(), *self.cloc_loss.buffers()])
         logger = self.logger

@@ -82,6 +82,28 @@ def test_checkpoints_from_before_the_record_load_frozen_at_an_unknown_time() -> 
     assert not model.cloc_loss.learnables.requires_grad and model.margin_parameters() == []
 
 
+class _OwnGroups(CLOCModule):
+    """A subclass whose own param_groups keeps only the parameters with requires_grad (so, on resume, not frozen margins)."""
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [{"name": "all", "params": [p for p in self.parameters() if p.requires_grad]}]
+
+
+def test_resuming_with_an_optimiser_that_leaves_out_the_frozen_margins_is_one_line(tmp_path: Path) -> None:
+    """Issue 41 item 6: frozen margins stay in the optimiser, so an own optimiser that drops them on resume is refused
+    in one line naming the checkpoint and the fix (torch's own error names neither)."""
+    from cloc_lightning.checkpoints import CheckpointMismatchError
+
+    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
+    trainer.fit(_OwnGroups(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
+    last = trainer.checkpoint_callback.last_model_path
+    again = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=3)
+    with pytest.raises(CheckpointMismatchError) as err:
+        again.fit(_OwnGroups(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm(), ckpt_path=last)
+    message = str(err.value)
+    assert "\n" not in message and last in message and "keep self.cloc_loss.optimised_parameters()" in message
+
+
 def test_wrong_length_phase_two_map_is_an_error(tmp_path: Path) -> None:
     p = tmp_path / "m.yaml"
     p.write_text(yaml.safe_dump({"learnable_map": [["fixed", 0.5], ["fixed", 0.6]]}))
