@@ -264,11 +264,13 @@ def assert_same(a: Any, b: Any, where: str = "checkpoint") -> None:
 
 
 def fit_stopped_and_resumed(
-    tmp_path: Path, build: Callable[[], tuple[L.LightningModule, L.LightningDataModule]], stop_at_step: int = 3, max_epochs: int = 2
+    tmp_path: Path, build: Callable[[], tuple[L.LightningModule, L.LightningDataModule]], stop_at_step: int = 3, max_epochs: int = 2,
+    callbacks: Callable[[], list[L.Callback]] = list,
 ) -> tuple[L.LightningModule, L.LightningModule]:
     """``(uninterrupted, resumed)``: one fit of ``build()``, and one stopped at ``stop_at_step`` and resumed from its ``last.ckpt``.
 
-    Checkpoints after every step; every fit is seeded alike (``seed_everything(0)``) and deterministic.
+    Checkpoints after every step (``<tmp_path>/full/last.ckpt``, ``<tmp_path>/part/last.ckpt``); every fit is seeded
+    alike (``seed_everything(0)``) and deterministic, with fresh ``callbacks()`` besides.
     """
     import contextlib
 
@@ -285,10 +287,11 @@ def fit_stopped_and_resumed(
     def run(folder: str, ckpt: str | None = None, stop: bool = False) -> tuple[L.LightningModule, L.Trainer]:
         L.seed_everything(0, verbose=False)
         model, dm = build()
-        callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True)]
+        used: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True),
+                                  *callbacks()]
         if stop:
-            callbacks.append(Stop())
-        trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=None, limit_val_batches=0, callbacks=callbacks,
+            used.append(Stop())
+        trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=None, limit_val_batches=0, callbacks=used,
                            enable_checkpointing=True, deterministic=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

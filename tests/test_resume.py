@@ -36,7 +36,7 @@ from tests.conftest import run_cli
 @pytest.mark.slow
 def test_cli_fit_killed_and_resumed_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     """SIGKILL at the epoch 0/1 boundary (the margin freeze then happens in the resumed run) and mid-epoch 1
-    (margins frozen, one optimiser group); each time resume with ``--ckpt_path last``.  The final checkpoint
+    (margins frozen, in their optimiser group without a gradient); each time resume with ``--ckpt_path last``.  The final checkpoint
     equals the uninterrupted run's bit for bit: weights, margins, Adam state, LR schedule, loop progress,
     CLOC phase state.  (Mid-epoch with learnable margins: ``test_resume_in_process_...``.)"""
     run_cli(["fit", "--config", str(_cli_config(tmp_path, "reference"))], tmp_path, timeout=300)
@@ -61,7 +61,8 @@ def test_cli_fit_killed_and_resumed_equals_an_uninterrupted_run(tmp_path: Path) 
     assert_same(resumed["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"],
                 reference["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"], "batch_progress")
     assert (resumed["global_step"], resumed["epoch"]) == (reference["global_step"], reference["epoch"])
-    assert len(resumed["optimizer_states"][0]["param_groups"]) == 1  # the margins group left at the freeze
+    # the frozen margins keep their group (issue 41 item 6; it was removed at the freeze before)
+    assert [g["name"] for g in resumed["optimizer_states"][0]["param_groups"]] == ["model", "margins"]
 
 
 @pytest.mark.slow
@@ -99,6 +100,28 @@ def test_resume_in_process_is_exact_mid_epoch_with_random_augmentation(method: s
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
 
 
+def test_resume_in_process_is_exact_after_the_margin_freeze(tmp_path: Path) -> None:
+    """Issue 41 item 6: the frozen margins stay in their optimiser group (AdamW, weight decay on the margins).
+    Stopped mid-epoch 1, after the freeze, and resumed: weights, margins, optimiser state (the margins' frozen state
+    included), schedule and phase record equal one fit's bit for bit."""
+
+    def build() -> tuple[L.LightningModule, L.LightningDataModule]:
+        model = CLOCModule(num_classes=4, **SMALL, optimizer="adamw", margin_lr=0.05, margin_weight_decay=0.1)
+        return model, _shapes(augment="crop_flip", batch_size=16)
+
+    def freeze() -> list[L.Callback]:
+        return [CLOCMarginFreeze(freeze_at_epoch=1, filename="m.yaml")]
+
+    full, resumed = fit_stopped_and_resumed(tmp_path, build, max_epochs=3, callbacks=freeze)  # 2 steps per epoch
+    assert resumed.margins_frozen and resumed.cloc_loss.frozen_at == {"epoch": 1, "step": 2}
+    assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
+    ends = [torch.load(tmp_path / run / "last.ckpt", map_location="cpu", weights_only=False) for run in ("full", "part")]
+    assert [g["name"] for g in ends[1]["optimizer_states"][0]["param_groups"]] == ["model", "margins"]
+    assert ends[1]["cloc"]["margins_in_optimizer"] is True
+    for key in ("optimizer_states", "lr_schedulers", "cloc"):
+        assert_same(ends[1][key], ends[0][key], key)
+
+
 def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
     """Not only the weights: optimiser, schedule, loops and callback states of the stored checkpoint resume."""
     stored = torch.load(FIXTURE_OUTPUTS, map_location="cpu", weights_only=False)
@@ -112,3 +135,8 @@ def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
     assert trainer.global_step == 6  # 2 stored epochs + 1 more, 2 steps each
     assert model.margins_frozen and torch.equal(model.cloc_loss.margins().detach(), stored["margins"])
     assert _all_finite(model)
+    # written after the freeze by a build that removed the margins from the optimiser: resumed without them,
+    # and its checkpoints say so (they resume the same way)
+    assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["model"]
+    trainer.save_checkpoint(str(tmp_path / "again.ckpt"))
+    assert torch.load(tmp_path / "again.ckpt", weights_only=False)["cloc"]["margins_in_optimizer"] is False

@@ -41,7 +41,7 @@ class CLOCMarginFreeze(Callback):
     """End CLOC's phase one at an epoch: freeze the learned margins and write them as a ``learnable_map``.
 
     At the start of epoch ``freeze_at_epoch`` the module freezes its margins
-    (``freeze_margins``: the CLOC loss fixes them, the optimiser drops them), so the remaining
+    (``freeze_margins``: the CLOC loss fixes them; their optimiser group skips them), so the remaining
     epochs are phase two in the same run, and the loss writes the all-``fixed`` map to
     ``<log_dir>/<filename>`` (also logged: TensorBoard text + stdout).  With
     ``freeze_at_epoch=None`` nothing is frozen and the map of the final margins is written at
@@ -123,8 +123,8 @@ class CLOCMarginFreeze(Callback):
             self.write(trainer, pl_module, phase_one_done=False)
 
     def state_dict(self) -> dict[str, Any]:
-        # ``frozen_at`` is the margins' record (restored with the module's checkpoint), kept here for readers of the file
-        return {"frozen_at": self.frozen_at, "freeze_at_epoch": self.freeze_at_epoch}
+        # ``frozen_at`` is not kept here: it is the margins' record, in the checkpoint's ``cloc`` entry
+        return {"freeze_at_epoch": self.freeze_at_epoch}
 
 
 class CLOCMarginPlot(Callback):
@@ -199,10 +199,10 @@ class CLOCMarginPlot(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         self._flush()
-        return {"steps": self.steps, "values": self.values, "frozen_step": self.frozen_step}
+        # the freeze step is not kept here: it is the margins' record, in the checkpoint's ``cloc`` entry
+        return {"steps": self.steps, "values": self.values}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # ``frozen_step`` comes back with the margins' record (the module's checkpoint)
         self._pending = []
         self.steps = list(state_dict.get("steps", []))
         self.values = list(state_dict.get("values", []))

@@ -253,6 +253,14 @@ class CLOCMargins(nn.Module):
         """The margin parameters that train now (empty when every margin is fixed or frozen)."""
         return [p for p in self._margin_tensors() if p.requires_grad and p.numel() > 0]
 
+    def optimised_parameters(self) -> list[nn.Parameter]:
+        """The margin parameters an optimiser holds: those built learnable, frozen or not.
+
+        After :meth:`freeze` they stay in their optimiser group with their optimiser state; their
+        ``grad`` stays ``None``, so Adam, AdamW, RAdam and SGD leave them and their state as they are.
+        """
+        return [p for p in self._margin_tensors() if p.numel() > 0]
+
     # -- frozen state ------------------------------------------------------
     @property
     def frozen(self) -> bool:
@@ -268,8 +276,8 @@ class CLOCMargins(nn.Module):
         """End phase one: the margins keep their values, get no gradient and report kind ``fixed``.
 
         Safe to call again (the first call's ``epoch``/``step`` stay the record).  An optimiser
-        holding the margins skips them from now on (their ``grad`` is ``None``); a Lightning
-        module also drops them from its optimisers (``CLOCModule.freeze_margins``).
+        holding the margins keeps them (:meth:`optimised_parameters`) and skips them from now on:
+        their ``grad`` is ``None`` and stays so (``requires_grad`` is off).
 
         Returns:
             The all-``fixed`` ``learnable_map`` of the current margins (plain Python).

@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.checkpoints import CheckpointMismatchError
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.losses.cloc_margins import LearnableMap, load_learnable_map
@@ -104,6 +105,10 @@ class CLOCModule(ClassifierModule):
         # loss") under plain ``strategy: ddp``.  Their gradients are averaged over ranks in
         # :meth:`on_after_backward` and their values broadcast from rank 0 in :meth:`on_fit_start`.
         self._ddp_params_and_buffers_to_ignore = self._margin_state_names()
+        # False only after loading a checkpoint whose optimiser dropped the frozen margins (an earlier build)
+        self._margins_in_optimizer = True
+        # parameters per optimiser of a checkpoint resumed after the freeze (checked in on_fit_start)
+        self._stored_optimizer_sizes: list[int] | None = None
 
     # ------------------------------------------------------------------ hooks
     def build_projector(self) -> nn.Module:
@@ -136,11 +141,16 @@ class CLOCModule(ClassifierModule):
         return self.cloc_loss.margin_parameters()
 
     def param_groups(self) -> list[dict[str, Any]]:
-        """Model parameters with the base settings; margins in their own group (``margin_lr``/``margin_weight_decay``)."""
+        """Model parameters with the base settings; margins in their own group (``margin_lr``/``margin_weight_decay``).
+
+        The margins built learnable are in it, frozen or not: after the freeze their ``grad`` stays
+        ``None`` and the optimiser skips them, so the optimiser is built alike before and after the
+        freeze (a resumed fit loads its state as written).
+        """
         margin_ids = {id(p) for p in self.cloc_loss.parameters()}
         model = [p for p in self.parameters() if p.requires_grad and id(p) not in margin_ids]
         groups: list[dict[str, Any]] = [{"name": "model", "params": model}]
-        margins = self.margin_parameters()
+        margins = self.cloc_loss.optimised_parameters() if self._margins_in_optimizer else self.margin_parameters()
         if margins:
             h = self.hparams
             groups.append(
@@ -155,44 +165,56 @@ class CLOCModule(ClassifierModule):
         return self.cloc_loss.frozen
 
     def freeze_margins(self) -> list[list[Any]]:
-        """Stop the margins from learning (phase two): the owner freezes them, the optimisers drop them.
+        """Stop the margins from learning (phase two): their owner freezes them.
 
         Records the trainer's epoch and step with the freeze (``cloc_loss.frozen_at``) and returns
         the all-``fixed`` ``learnable_map`` of the current margins.  Safe to call again; called by
-        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.  (A freeze through the owner itself,
-        ``cloc_loss.freeze()``, is completed before the next training step.)
+        :class:`~cloc_lightning.callbacks.CLOCMarginFreeze`.  The margins stay in their optimiser
+        group with the state phase one left; with no gradient from now on, the optimiser skips
+        them (the same holds for a freeze through the owner itself, ``cloc_loss.freeze()``).
         """
         if self._trainer is None:
             return self.cloc_loss.freeze()
-        learnable_map = self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
-        self._drop_margins_from_optimizers()
-        return learnable_map
-
-    def _drop_margins_from_optimizers(self) -> None:
-        """Remove the (frozen) margins and their state from the trainer's optimisers, where one still holds them."""
-        if self._trainer is None or not self.trainer.optimizers:
-            return
-        margins = list(self.cloc_loss.parameters())
-        ids = {id(p) for p in margins}
-        if any(id(p) in ids for opt in self.trainer.optimizers for group in opt.param_groups for p in group["params"]):
-            _remove_params_from_optimizer(self.trainer, margins)
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """The base checks; frozen margins leave the optimisers before the step, however they were frozen."""
-        super().on_train_batch_start(batch, batch_idx)
-        if self.cloc_loss.frozen:
-            self._drop_margins_from_optimizers()
+        return self.cloc_loss.freeze(epoch=self.trainer.current_epoch, step=self.trainer.global_step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["cloc"] = self.cloc_loss.checkpoint_record()
+        # the margins' record, and whether the optimiser holds the margins built learnable (frozen or not)
+        checkpoint["cloc"] = {**self.cloc_loss.checkpoint_record(), "margins_in_optimizer": self._margins_in_optimizer}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        record = dict(checkpoint.get("cloc", {}))
-        if record.get("margins_frozen") and record.get("frozen_at") is None:
-            record["frozen_at"] = _frozen_at_in_callback_states(checkpoint)
+        record = checkpoint.get("cloc", {})
         self.cloc_loss.load_checkpoint_record(record)
+        # Without ``margins_in_optimizer`` (an earlier build), the optimiser held the margins until the freeze and
+        # dropped them at it: a fit resumed after the freeze builds its optimiser without them, as stored.
+        self._margins_in_optimizer = bool(record.get("margins_in_optimizer", not self.margins_frozen))
+        self._stored_optimizer_sizes = [
+            sum(len(g["params"]) for g in state.get("param_groups", [])) for state in checkpoint.get("optimizer_states") or []
+        ] if self.margins_frozen and self._margins_in_optimizer else None
+
+    def _check_resumed_optimizers(self) -> None:
+        """One line naming the fix when a resumed fit's optimiser leaves out the frozen margins its checkpoint holds.
+
+        The margins stay in their optimiser group after the freeze; an own ``param_groups`` or
+        ``configure_optimizers`` that keeps only parameters with ``requires_grad`` leaves them out on
+        resume, and torch would refuse the stored state with a message naming neither.
+        """
+        stored, self._stored_optimizer_sizes = self._stored_optimizer_sizes, None
+        margins = {id(p) for p in self.cloc_loss.optimised_parameters()}
+        optimizers = self.trainer.optimizers
+        if not stored or not margins or self.trainer.ckpt_path is None or len(stored) != len(optimizers):
+            return
+        built = [[p for g in opt.param_groups for p in g["params"]] for opt in optimizers]
+        if any(id(p) in margins for params in built for p in params):
+            return
+        if sum(stored) == sum(len(params) for params in built) + len(margins):
+            raise CheckpointMismatchError(
+                f"{type(self).__name__}: cannot resume {self.trainer.ckpt_path}: its optimiser holds the frozen CLOC "
+                "margins, but the optimiser built for resuming leaves them out (its param_groups or configure_optimizers "
+                "keeps only parameters with requires_grad); keep self.cloc_loss.optimised_parameters() in the optimiser: "
+                "frozen margins get no gradient, so the optimiser skips them"
+            )
 
     def configure_callbacks(self) -> list[Any]:
         """The base callbacks plus a :class:`~cloc_lightning.callbacks.CLOCMarginPlot` unless one is configured."""
@@ -216,6 +238,8 @@ class CLOCModule(ClassifierModule):
             )
 
     def on_fit_start(self) -> None:
+        # after configure_optimizers, before a resumed fit loads the optimiser state
+        self._check_resumed_optimizers()
         # every rank starts from rank 0's margins (DDP does not broadcast what it ignores)
         dist_utils.broadcast_([*self.cloc_loss.parameters(), *self.cloc_loss.buffers()])
         logger = self.logger
@@ -231,6 +255,8 @@ class CLOCModule(ClassifierModule):
         """
         if not dist_utils.is_distributed():
             return
+        # the trainable margins only: a frozen one keeps ``grad is None`` (a zero gradient would move it
+        # through Adam's momentum or AdamW's decay, as it is still in its optimiser group)
         params = self.cloc_loss.margin_parameters()
         grads = []
         for p in params:
@@ -272,45 +298,3 @@ class CLOCModule(ClassifierModule):
             self.log_dict({f"margins/{k}": v for k, v in self.cloc_loss.margin_values().items()}, batch_size=n)
         return loss
 
-
-def _remove_params_from_optimizer(trainer: Any, params: list[nn.Parameter]) -> None:
-    """Drop ``params`` (and their state) from every optimiser; empty groups go, with their scheduler entries."""
-    ids = {id(p) for p in params}
-    for opt in trainer.optimizers:
-        removed: list[int] = []
-        for gi, group in enumerate(opt.param_groups):
-            kept = [p for p in group["params"] if id(p) not in ids]
-            for p in group["params"]:
-                if id(p) in ids:
-                    opt.state.pop(p, None)
-            group["params"] = kept
-            if not kept:
-                removed.append(gi)
-        for gi in reversed(removed):
-            del opt.param_groups[gi]
-        if not removed:
-            continue
-        n_groups = len(opt.param_groups)
-        for cfg in trainer.lr_scheduler_configs:
-            sched = cfg.scheduler
-            if getattr(sched, "optimizer", None) is not opt:
-                continue
-            for attr in ("base_lrs", "_last_lr", "lr_lambdas"):
-                seq = getattr(sched, attr, None)
-                if isinstance(seq, list) and len(seq) == n_groups + len(removed):
-                    for gi in reversed(removed):
-                        del seq[gi]
-
-
-def _frozen_at_in_callback_states(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """When the margins were frozen, for checkpoints written before their ``cloc`` record said it.
-
-    Those kept it only in the callbacks' states: ``CLOCMarginFreeze``'s ``frozen_at``, else
-    ``CLOCMarginPlot``'s ``frozen_step``.
-    """
-    states = checkpoint.get("callbacks", {})
-    frozen_at = states.get("CLOCMarginFreeze", {}).get("frozen_at")
-    if frozen_at:
-        return dict(frozen_at)
-    step = states.get("CLOCMarginPlot", {}).get("frozen_step")
-    return None if step is None else {"epoch": None, "step": step}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -36,8 +37,10 @@ def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
     assert not torch.allclose(seen[0], start)  # phase one learned the margins
     assert torch.equal(seen[1], seen[2]) and torch.equal(seen[0], seen[1])  # frozen from epoch 1 on
     assert m.margins_frozen and not m.cloc_loss.learnables.requires_grad
-    assert all(p is not m.cloc_loss.learnables for g in trainer.optimizers[0].param_groups for p in g["params"])
-    assert len(trainer.optimizers[0].param_groups) == 1
+    # issue 41 item 6: the frozen margins stay in their optimiser group (they were removed from the optimiser before)
+    groups = trainer.optimizers[0].param_groups
+    assert [g["name"] for g in groups] == ["model", "margins"] and groups[1]["params"][0] is m.cloc_loss.learnables
+    assert m.cloc_loss.learnables.grad is None
     payload = yaml.safe_load(Path(freeze.path).read_text())
     assert payload["frozen_in_this_run"] and payload["margin_names"] == ["C0-C1", "C1-C2", "C2-C3"]
     assert [k for k, _ in payload["learnable_map"]] == ["fixed"] * 3
@@ -62,6 +65,60 @@ def test_resume_after_freeze_keeps_margins_fixed(tmp_path: Path) -> None:
     t2.fit(m2, datamodule=_dm(), ckpt_path=last)
     assert m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), frozen)
     assert t2.global_step == 16
+
+
+@pytest.fixture
+def one_rank_process_group():
+    """A one-process gloo group: ``is_distributed()`` is true, so the module's margin-gradient all-reduce runs."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["one-process", "margin-all-reduce"])
+def test_frozen_margins_keep_their_group_and_nothing_moves_them(distributed: bool, tmp_path: Path, request) -> None:
+    """Issue 41 item 6: after the freeze the margins stay in their optimiser group with their state, and neither
+    changes over 8 steps of AdamW with weight decay on the margins; also through ``on_after_backward``'s all-reduce
+    (a zero-filled gradient there would move them through AdamW's momentum and decay)."""
+    import copy
+
+    import torch.distributed as dist
+
+    if distributed:
+        request.getfixturevalue("one_rank_process_group")
+    m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, optimizer="adamw", margin_lr=0.05, margin_weight_decay=0.1)
+    learnables = m.cloc_loss.learnables
+    start = learnables.detach().clone()
+    at_freeze: dict[str, Any] = {}
+    grads_after_freeze: list[Any] = []
+
+    class Watch(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):  # after CLOCMarginFreeze's (callback order)
+            if trainer.current_epoch == 1:
+                at_freeze["value"] = learnables.detach().clone()
+                at_freeze["state"] = copy.deepcopy(trainer.optimizers[0].state.get(learnables))
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # after backward and the all-reduce
+            if pl_module.margins_frozen:
+                grads_after_freeze.append(learnables.grad)
+
+    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1), Watch()], max_epochs=3)
+    trainer.fit(m, datamodule=_dm())
+    assert dist.is_initialized() == distributed
+    assert m.margins_frozen and not torch.equal(at_freeze["value"], start)  # phase one moved them
+    groups = {g["name"]: g for g in trainer.optimizers[0].param_groups}
+    assert list(groups) == ["model", "margins"]
+    assert len(groups["margins"]["params"]) == 1 and groups["margins"]["params"][0] is learnables
+    assert groups["margins"]["weight_decay"] == 0.1
+    assert len(grads_after_freeze) == 8 and all(g is None for g in grads_after_freeze)  # epochs 1 and 2
+    assert torch.equal(learnables.detach(), at_freeze["value"])
+    state = trainer.optimizers[0].state[learnables]
+    assert int(state["step"]) == 4  # phase one's 4 steps, none since
+    assert set(state) == set(at_freeze["state"]) and all(torch.equal(state[k], at_freeze["state"][k]) for k in state)
 
 
 def test_final_margins_yaml_without_freeze_and_load_learnable_map(tmp_path: Path) -> None:
@@ -106,13 +163,15 @@ def test_a_freeze_through_the_owner_is_what_every_reader_reports(tmp_path: Path)
     assert freeze.frozen_at == when and plot.frozen_step == 4
     assert freeze.path is None  # frozen: no final-margins YAML, as after a freeze by the callback
     assert torch.equal(seen[0], seen[1]) and torch.equal(seen[1], seen[2])  # nothing moved after the freeze
-    assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["model"]  # the optimiser dropped them
+    # the optimiser keeps them in their group and skips them (issue 41 item 6; before, it dropped them)
+    assert [g["name"] for g in trainer.optimizers[0].param_groups] == ["model", "margins"]
     last = trainer.checkpoint_callback.last_model_path
     ckpt = torch.load(last, weights_only=False)
     assert ckpt["cloc"]["margins_frozen"] and ckpt["cloc"]["frozen_at"] == when
     assert [k for k, _ in ckpt["cloc"]["learnable_map"]] == ["fixed"] * 3
-    assert ckpt["callbacks"]["CLOCMarginFreeze"]["frozen_at"] == when
-    assert ckpt["callbacks"]["CLOCMarginPlot"]["frozen_step"] == 4
+    # the callbacks keep no copy of the record (issue 41 item 6; they did before)
+    assert ckpt["callbacks"]["CLOCMarginFreeze"] == {"freeze_at_epoch": None}
+    assert set(ckpt["callbacks"]["CLOCMarginPlot"]) == {"steps", "values"}
     # and back: a loaded module and a resumed fit's callbacks report the same freeze
     loaded = CLOCModule.load_from_checkpoint(last)
     assert loaded.margins_frozen and loaded.cloc_loss.frozen_at == when

@@ -67,14 +67,41 @@ def test_training_step_logs_the_cloc_share_of_the_loss(monkeypatch) -> None:
     assert 0.0 < logged["train/cloc_share"] < 1.0
 
 
-def test_checkpoints_from_before_the_record_tell_when_they_were_frozen() -> None:
-    """The stored fixture's ``cloc`` entry has no ``frozen_at``: the callbacks' states it was written with say it."""
+def test_checkpoints_from_before_the_record_load_frozen_at_an_unknown_time() -> None:
+    """The stored fixture's ``cloc`` entry says the margins are frozen but not when (its callbacks' states said it).
+
+    Issue 41 item 6 removed the reader of those states: the module loads frozen, ``frozen_at`` has no epoch and no
+    step (the margin plot then marks no freeze).  Before, ``frozen_at`` came from ``CLOCMarginFreeze``'s state."""
     from tests._reliability import FIXTURE_CKPT
 
     stored = torch.load(FIXTURE_CKPT, map_location="cpu", weights_only=False)
-    assert "frozen_at" not in stored["cloc"]
+    assert stored["cloc"]["margins_frozen"] and "frozen_at" not in stored["cloc"]
+    assert stored["callbacks"]["CLOCMarginFreeze"]["frozen_at"]  # what is no longer read
     model = CLOCModule.load_from_checkpoint(str(FIXTURE_CKPT), map_location="cpu", weights_only=False)
-    assert model.margins_frozen and model.cloc_loss.frozen_at == stored["callbacks"]["CLOCMarginFreeze"]["frozen_at"]
+    assert model.margins_frozen and model.cloc_loss.frozen_at == {"epoch": None, "step": None}
+    assert not model.cloc_loss.learnables.requires_grad and model.margin_parameters() == []
+
+
+class _OwnGroups(CLOCModule):
+    """A subclass whose own param_groups keeps only the parameters with requires_grad (so, on resume, not frozen margins)."""
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [{"name": "all", "params": [p for p in self.parameters() if p.requires_grad]}]
+
+
+def test_resuming_with_an_optimiser_that_leaves_out_the_frozen_margins_is_one_line(tmp_path: Path) -> None:
+    """Issue 41 item 6: frozen margins stay in the optimiser, so an own optimiser that drops them on resume is refused
+    in one line naming the checkpoint and the fix (torch's own error names neither)."""
+    from cloc_lightning.checkpoints import CheckpointMismatchError
+
+    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
+    trainer.fit(_OwnGroups(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
+    last = trainer.checkpoint_callback.last_model_path
+    again = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=3)
+    with pytest.raises(CheckpointMismatchError) as err:
+        again.fit(_OwnGroups(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm(), ckpt_path=last)
+    message = str(err.value)
+    assert "\n" not in message and last in message and "keep self.cloc_loss.optimised_parameters()" in message
 
 
 def test_wrong_length_phase_two_map_is_an_error(tmp_path: Path) -> None:
