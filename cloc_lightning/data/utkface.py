@@ -21,9 +21,9 @@ from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
 from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.tables import hash_split
-from cloc_lightning.validation import check_choice
+from cloc_lightning.validation import check_choice, check_int
 
-__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS", "LabelMode"]
+__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS", "UTKFACE_AGES", "LabelMode"]
 
 #: labels: the age group (``age_bins``) or the age in years itself
 LabelMode = Literal["bins", "age"]
@@ -31,6 +31,9 @@ LabelMode = Literal["bins", "age"]
 #: Lower edges of the default age groups: 0-3, 4-7, 8-14, 15-24, 25-37, 38-47, 48-59, 60+
 #: (the eight Adience groups 0-2, 4-6, 8-13, 15-20, 25-32, 38-43, 48-53, 60+ with their gaps closed).
 DEFAULT_AGE_BINS: tuple[int, ...] = (0, 4, 8, 15, 25, 38, 48, 60)
+
+#: the ages UTKFace holds (1 to 116 years): a name with another age is a renamed or foreign file (``age_range``)
+UTKFACE_AGES: tuple[int, int] = (1, 116)
 
 _NAME = re.compile(r"^(?P<age>\d{1,3})_(?P<gender>\d)?_?(?P<race>\d)?_?(?P<date>\d+)?")
 
@@ -79,8 +82,13 @@ class UTKFaceDataModule(BaseDataModule):
         split_salt: change to draw a different (still deterministic) split.
         test_root: evaluate on another folder of UTKFace files; ``root`` is then
             split into train/val only.
-        strict_names: image files whose names do not parse raise an error listing
-            them (default); ``False`` skips them with a warning.
+        strict_names: image files whose names do not parse, or whose age lies outside
+            ``age_range``, raise an error listing them (default); ``False`` skips them
+            with a warning that counts them.
+        age_range: ``(lowest, highest)`` age a file name may carry (default
+            :data:`UTKFACE_AGES`, 1..116); widen it for a data set of your own whose
+            ages are real.  Without it an age such as 250 or 0 would silently fall into
+            an end class (``60+``, ``0-3``).
         **kwargs: :class:`BaseDataModule` arguments (``image_size`` default 64).
     """
 
@@ -97,6 +105,7 @@ class UTKFaceDataModule(BaseDataModule):
         split_salt: str = "",
         test_root: str | None = None,
         strict_names: bool = True,
+        age_range: tuple[int, int] = UTKFACE_AGES,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image_size", 64)
@@ -108,6 +117,11 @@ class UTKFaceDataModule(BaseDataModule):
             raise DataConfigError(f"age_bins must be strictly increasing lower edges starting at 0 (>= 2 groups), got {bins}")
         if label_mode == "age" and not 0 <= min_age < max_age:
             raise DataConfigError(f"need 0 <= min_age < max_age, got {min_age}, {max_age}")
+        with config_errors():
+            if len(age_range) != 2:
+                raise ValueError(f"age_range must be (lowest, highest), got {list(age_range)}")
+            lo = check_int("age_range[0]", age_range[0], 0, hint="the lowest age a file name may carry, e.g. 1")
+            hi = check_int("age_range[1]", age_range[1], lo, hint="the highest age a file name may carry, e.g. 116")
         if len(split_fractions) != 3:
             raise DataConfigError(f"split_fractions must be (train, val, test), got {split_fractions}")
         self.root = root
@@ -119,6 +133,7 @@ class UTKFaceDataModule(BaseDataModule):
         self.split_salt = split_salt
         self.test_root = test_root
         self.strict_names = strict_names
+        self.age_range = (lo, hi)
 
     def age_to_label(self, age: int) -> int:
         """Ordinal class of an age."""
@@ -149,9 +164,34 @@ class UTKFaceDataModule(BaseDataModule):
             )
         if bad:
             warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}", stacklevel=2)
+        files, labels = self._within_age_range(root, files, labels)
         if not files:
             raise DataConfigError(f"no UTKFace images with parseable names in {root!r}")
         return files, labels
+
+    def _within_age_range(self, root: str, files: list[str], ages: list[int]) -> tuple[list[str], list[int]]:
+        """``files``/``ages`` whose age lies in ``age_range``; the others are refused (``strict_names``) or skipped, counted.
+
+        Binning never clips (the last group is open-ended), so without this check a renamed or
+        foreign file (``250_...``, ``0_...``) would land in ``60+`` or ``0-3`` without a trace.
+        """
+        lo, hi = self.age_range
+        out = [i for i, a in enumerate(ages) if not lo <= a <= hi]
+        if not out:
+            return files, ages
+        names = [os.path.basename(files[i]) for i in out]
+        found = sorted({ages[i] for i in out})
+        shown = ", ".join(str(a) for a in found[:8]) + (", ..." if len(found) > 8 else "")
+        if self.strict_names:
+            raise DataConfigError(
+                f"{len(out)} UTKFace file(s) in {root!r} have ages outside {lo}..{hi} (ages {shown}), e.g. {names[:5]}; "
+                "rename or remove them, widen data.age_range if those ages are real, or set data.strict_names: false "
+                "to skip them (they would otherwise fall silently into an end class)"
+            )
+        warnings.warn(f"skipped {len(out)} UTKFace file(s) with ages outside {lo}..{hi} (ages {shown}) in {root!r}, "
+                      f"e.g. {names[:3]}; widen data.age_range if those ages are real", stacklevel=3)
+        keep = set(range(len(files))) - set(out)
+        return [f for i, f in enumerate(files) if i in keep], [a for i, a in enumerate(ages) if i in keep]
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
