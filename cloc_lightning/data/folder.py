@@ -94,6 +94,11 @@ class ImageFolderDataModule(BaseDataModule):
             )
         return path
 
+    def class_source(self) -> str:
+        path = self._root()
+        base = path / self.dirs["train"] if self._split_layout() else path
+        return f" in {str(base)!r} (one sub-folder per class: <root>/<train|test>/<class>/*.jpg or <root>/<class>/*.jpg)"
+
     def _split_layout(self) -> bool:
         path = self._root()
         return (path / self.dirs["train"]).is_dir()
