@@ -726,16 +726,30 @@ class CLOCLightningCLI(LightningCLI):
         self._closing_lines(best)
 
     def _closing_lines(self, best: str = "") -> None:
-        """``logs (TensorBoard): <run folder>`` (and the best checkpoint after fit), printed by rank 0."""
+        """``logs (<logger>): <run folder>`` (and the best checkpoint after fit), printed by rank 0.
+
+        The logger is named as it writes (``TensorBoard``, ``CSV``, ...: :func:`_logger_names`);
+        without one the line says ``run folder (no logger)``.
+        """
         trainer = self.trainer
         log_dir = trainer.log_dir  # a broadcast under DDP: every rank must read it, not rank 0 alone
         if trainer.is_global_zero:
+            names = _logger_names(trainer)
             if log_dir:
-                print(f"logs (TensorBoard): {log_dir}")
+                print(f"logs ({', '.join(names)}): {log_dir}" if names else f"run folder (no logger): {log_dir}")
             if best:
                 print(f"best checkpoint: {best}")
 
     after_validate = after_test = after_predict = _closing_lines
+
+
+def _logger_names(trainer: Any) -> list[str]:
+    """The trainer's loggers as the closing line names them: ``TensorBoardLogger`` -> ``TensorBoard``, ``CSVLogger`` -> ``CSV``."""
+    names = []
+    for logger in _real_loggers(trainer):
+        name = type(logger).__name__
+        names.append(name[: -len("Logger")] if name.endswith("Logger") and name != "Logger" else name)
+    return list(dict.fromkeys(names))
 
 
 def _first_line(fn: Any) -> str:

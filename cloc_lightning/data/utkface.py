@@ -20,6 +20,7 @@ from typing import Any, Literal
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
 from cloc_lightning.data.errors import DataConfigError, config_errors
+from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import hash_split
 from cloc_lightning.validation import check_choice, check_int
 
@@ -70,7 +71,10 @@ class UTKFaceDataModule(BaseDataModule):
     """UTKFace faces with ages as ordinal labels.
 
     Args:
-        root: folder of UTKFace images (searched recursively).
+        root: folder of UTKFace images (searched recursively), split into train/val/test;
+            ``None`` for ``test`` / ``predict`` alone on ``test_root`` / ``predict_root``
+            (a folder of one's own, where the training data may not be: then nothing is
+            compared with the training split).
         label_mode: ``'bins'`` maps ages to groups by ``age_bins``; ``'age'`` uses
             raw ages clipped to ``[min_age, max_age]`` as ranks ``age - min_age`` (a
             warning at setup counts the clipped ages of each split).
@@ -81,7 +85,8 @@ class UTKFaceDataModule(BaseDataModule):
         split_fractions: ``(train, val, test)`` fractions of the hash split.
         split_salt: change to draw a different (still deterministic) split.
         test_root: evaluate on another folder of UTKFace files; ``root`` is then
-            split into train/val only.
+            split into train/val only.  Files it shares with the training split (the
+            same name, or the same bytes under another name) are counted in a warning.
         strict_names: image files whose names do not parse, or whose age lies outside
             ``age_range``, raise an error listing them (default); ``False`` skips them
             with a warning that counts them.
@@ -96,7 +101,7 @@ class UTKFaceDataModule(BaseDataModule):
 
     def __init__(
         self,
-        root: str,
+        root: str | None = None,
         label_mode: LabelMode = "bins",
         age_bins: Sequence[int] = DEFAULT_AGE_BINS,
         min_age: int = 1,
@@ -193,8 +198,57 @@ class UTKFaceDataModule(BaseDataModule):
         keep = set(range(len(files))) - set(out)
         return [f for i, f in enumerate(files) if i in keep], [a for i, a in enumerate(ages) if i in keep]
 
+    def setup(self, stage: str | None = None) -> None:
+        """As :meth:`BaseDataModule.setup`; without ``root`` only ``test`` (and ``predict``) can run, on ``test_root``."""
+        if self.root is None and not (stage == "predict" and self.predict_root is not None):
+            if self.test_root is None:
+                raise DataConfigError(
+                    "UTKFaceDataModule: data.root is not set; set it to a folder of UTKFace images "
+                    "(<age>_<gender>_<race>_<datetime>.jpg.chip.jpg), or data.test_root (test) / data.predict_root "
+                    "(predict) to evaluate a folder of your own"
+                )
+            if stage not in ("test", "predict"):
+                raise DataConfigError(
+                    f"UTKFaceDataModule: data.root is not set, so there is no training or validation data for "
+                    f"{stage or 'fit'}; set data.root (data.test_root {self.test_root!r} alone serves test and predict)"
+                )
+        super().setup(stage)
+
+    def build_predict_set(self) -> LabelledDataset:
+        """``predict_root`` as the base class reads it; a folder whose every image has a UTKFace name gets its ages as targets.
+
+        A folder with some names that do not parse (or ages outside ``age_range``) is predicted
+        without targets, and a warning says how many names were not read.
+        """
+        ds = super().build_predict_set()
+        assert self.predict_root is not None
+        if not isinstance(ds, ImageFileDataset) or ds.labelled or os.path.splitext(self.predict_root)[1].lower() == ".csv":
+            return ds
+        ages = [parse_utkface_name(f) for f in ds.files]
+        lo, hi = self.age_range
+        readable = [p is not None and lo <= int(p["age"] or 0) <= hi for p in ages]
+        if all(readable):
+            self.class_names = self.class_names or self.discover_class_names()
+            labels = [self.age_to_label(int(p["age"] or 0)) for p in ages if p is not None]
+            return ImageFileDataset(ds.files, labels, "raise")
+        if any(readable):
+            bad = [os.path.basename(f) for f, ok in zip(ds.files, readable, strict=True) if not ok]
+            warnings.warn(
+                f"predict_root {self.predict_root!r}: {len(bad)} of {len(ds.files)} image(s) have no UTKFace name with an "
+                f"age in {lo}..{hi} (e.g. {bad[:3]}), so predictions.csv has no target column; rename them "
+                "(<age>_<gender>_<race>_<datetime>.jpg) to get targets", stacklevel=2)
+        return ds
+
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
+        if self.root is None:  # test alone on test_root (setup refuses every other stage)
+            assert self.test_root is not None
+            test = self._read_ages(self.test_root)
+            self._warn_clipped({"train": ([], []), "val": ([], []), "test": test})
+            empty = ImageFileDataset([], [], self.bad_files)
+            labels = [self.age_to_label(a) for a in test[1]]
+            return {"train": empty, "val": ImageFileDataset([], [], self.bad_files),
+                    "test": ImageFileDataset(test[0], labels, self.bad_files)}
         files, ages = self._read_ages(self.root)
         keys = [os.path.basename(f) for f in files]
         split_ages: dict[str, tuple[list[str], list[int]]] = {}
@@ -208,6 +262,10 @@ class UTKFaceDataModule(BaseDataModule):
         for i, name in enumerate(names):
             split_ages[name] = ([f for f, s in zip(files, split, strict=True) if s == i],
                                 [a for a, s in zip(ages, split, strict=True) if s == i])
+        if self.test_root is not None:
+            overlap = shared_with_training(split_ages["train"][0], split_ages["test"][0])
+            if overlap:
+                warnings.warn(overlap_message(overlap, len(split_ages["test"][0]), self.test_root, self.root), stacklevel=2)
         self._warn_clipped(split_ages)
         return {
             name: ImageFileDataset(split_ages[name][0], [self.age_to_label(a) for a in split_ages[name][1]], self.bad_files)
