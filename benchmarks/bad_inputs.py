@@ -344,7 +344,7 @@ def _refused_in_one_line(o: Outcome, *needles: str) -> bool:
 
 
 def case_phase2_without_margins(a: Audit) -> dict[str, Any]:
-    o = a.cli("fit", "--config", str(REPO / "configs" / "cloc" / "demo_phase2.yaml"), "--model.backbone", "test_resnet",
+    o = a.cli("fit", "--config", str(a.repo / "configs" / "cloc" / "demo_phase2.yaml"), "--model.backbone", "test_resnet",
               "--data.train_size", "32", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8",
               "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
               "--trainer.limit_val_batches", "1", "--test_after_fit", "false", "--trainer.accelerator", "cpu",
@@ -374,8 +374,9 @@ def _one_class_folder(a: Audit, *extra: str) -> dict[str, Any]:
               "--trainer.logger.init_args.save_dir", str(a.work / "runs"))
     lines = _error_lines(o)
     first = lines[0] if lines else ""
-    good = _refused_in_one_line(o, "found 1 class(es)", "at least 2 are needed") and "num_classes" not in first
-    return {**_fmt(o, "blames num_classes" if "num_classes" in first else ""), "verdict": _verdict(o, good)}
+    blames = "num_classes must be" in first or "model.num_classes=" in first  # a setting the user never made
+    good = _refused_in_one_line(o, "found 1 class(es)", "at least 2 are needed") and not blames
+    return {**_fmt(o, "blames num_classes" if blames else "names the data"), "verdict": _verdict(o, good)}
 
 
 def case_one_class_folder(a: Audit) -> dict[str, Any]:
