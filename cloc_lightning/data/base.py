@@ -274,7 +274,7 @@ class BaseDataModule(L.LightningDataModule):
         if n < 2:
             shown = [str(c) for c in self.class_names[:10]]
             raise DataConfigError(f"{type(self).__name__} found {n} class(es) ({shown}){self.class_source()}; at least 2 are "
-                                  "needed: check data.root and the class list (an ordinal or nominal task needs two or more classes)")
+                                  "needed: give the data module data with two or more classes")
 
     def discover_class_names(self) -> list[str]:
         """Class names, computed without building the sets if possible."""

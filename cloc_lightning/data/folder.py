@@ -240,6 +240,9 @@ class CSVDataModule(BaseDataModule):
         self._table: CSVRows | None = None
         self._integer_labels = False
 
+    def class_source(self) -> str:
+        return f" in the {self.columns[1]!r} column of {str(self.csv_path)!r} (or data.class_names)"
+
     def _read(self) -> CSVRows:
         """The CSV's rows (read once; :func:`~cloc_lightning.data.tables.read_csv_rows`)."""
         if self._table is None:
