@@ -685,5 +685,6 @@ class BaseDataModule(L.LightningDataModule):
         if saved and self.class_names and list(saved) != list(self.class_names):
             raise DataConfigError(
                 f"the checkpoint was trained on classes {saved[:10]}..., this data module has "
-                f"{self.class_names[:10]}...; use the same data configuration to resume"
+                f"{self.class_names[:10]}...; resume or evaluate it with the data configuration it was trained with "
+                "(config.yaml in its run folder: the same classes, bins or class order)"
             )
