@@ -347,6 +347,149 @@ def case_model_help_rest(a: Audit) -> dict[str, Any]:
             "outcome": f"{raw} raw reST markups"}
 
 
+# ---- issue 42 (round 2), items 3, 4, 5, 13: each case also returns a "verdict" computed from what it observed
+def _error_lines(o: Outcome) -> list[str]:
+    return [ln for ln in o.stderr.splitlines() if "error:" in ln]
+
+
+def _verdict(o: Outcome, good: bool) -> str:
+    """``silent``: exit 0 without the expected message; ``good``: ``good`` holds (one line naming the fix); else ``buried``."""
+    if good:
+        return "good"
+    return "silent" if o.rc == 0 else "buried"
+
+
+def _refused_in_one_line(o: Outcome, *needles: str) -> bool:
+    """Exit != 0, one ``error:`` line holding every needle, no traceback."""
+    lines = _error_lines(o)
+    return o.rc != 0 and len(lines) == 1 and "Traceback" not in o.stderr and all(n in lines[0] for n in needles)
+
+
+def case_phase2_without_margins(a: Audit) -> dict[str, Any]:
+    o = a.cli("fit", "--config", str(a.repo / "configs" / "cloc" / "demo_phase2.yaml"), "--model.backbone", "test_resnet",
+              "--data.train_size", "32", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8",
+              "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+              "--trainer.limit_val_batches", "1", "--test_after_fit", "false", "--trainer.accelerator", "cpu",
+              "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(a.work / "runs"))
+    good = _refused_in_one_line(o, "demo_phase2.yaml", "learnable_map", "cloc_margins.yaml")
+    note = "trained phase one again (all margins learnable)" if o.rc == 0 else "stopped"
+    return {**_fmt(o, note), "verdict": _verdict(o, good)}
+
+
+def case_utkface_ages_0_and_250_bins(a: Audit) -> dict[str, Any]:
+    for i, age in enumerate([0, 3, 10, 25, 40, 60, 95, 250] * 3):
+        _jpeg(a.work / "utk" / f"{age}_0_0_2017{i:08d}.jpg", i)
+    data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
+        "root": str(a.work / "utk"), "batch_size": 4, "num_workers": 0, "image_size": 24}}  # label_mode: bins (default)
+    o = a.cli("fit", "--config", str(_cfg(a.work, "utkbins", model={"num_classes": 8}, data=data)),
+              "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
+    said = _refused_in_one_line(o, "6 UTKFace file(s)", "outside 1..116", "age_range", "strict_names")
+    return {**_fmt(o, "binned silently (250 -> 60+, 0 -> 0-3)" if o.rc == 0 else "stopped"), "verdict": _verdict(o, said)}
+
+
+def _one_class_folder(a: Audit, *extra: str) -> dict[str, Any]:
+    for split in ("train", "test"):
+        for i in range(3):
+            _jpeg(a.work / "one" / split / "cats" / f"{i}.jpg", i)
+    o = a.cli("fit", "--model", "CEModule", "--model.backbone", "test_resnet", *extra, "--data", "ImageFolderDataModule",
+              "--data.root", str(a.work / "one"), "--data.num_workers", "0", "--trainer.max_epochs", "1",
+              "--trainer.logger.init_args.save_dir", str(a.work / "runs"))
+    lines = _error_lines(o)
+    first = lines[0] if lines else ""
+    blames = "num_classes must be" in first or "model.num_classes=" in first  # a setting the user never made
+    good = _refused_in_one_line(o, "found 1 class(es)", "at least 2 are needed") and not blames
+    return {**_fmt(o, "blames num_classes" if blames else "names the data"), "verdict": _verdict(o, good)}
+
+
+def case_one_class_folder(a: Audit) -> dict[str, Any]:
+    return _one_class_folder(a)
+
+
+def case_one_class_folder_num_classes_2(a: Audit) -> dict[str, Any]:
+    return _one_class_folder(a, "--model.num_classes", "2")
+
+
+#: the UTKFace fit the evaluation cases share (made by the first that needs it; the audit's temporary folder outlives it)
+_UTK_RUN: dict[str, Path] = {}
+
+
+def _utk_trained(a: Audit) -> dict[str, Path]:
+    if not _UTK_RUN or not _UTK_RUN["ckpt"].is_file():
+        root = a.work / "utk_train"
+        for i, age in enumerate([2, 6, 10, 20, 30, 40, 52, 70] * 6):
+            _jpeg(root / f"{age}_0_0_2016{i:08d}.jpg", i)
+        data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
+            "root": str(root), "batch_size": 4, "num_workers": 0, "image_size": 24}}
+        ckpt = a.trained("utkown", model={"num_classes": 8}, data=data)
+        _UTK_RUN.update(root=root, ckpt=ckpt)
+    return _UTK_RUN
+
+
+def _eval_cfg(a: Audit, name: str, **data_args: Any) -> Path:
+    data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
+        "batch_size": 4, "num_workers": 0, "image_size": 24, **data_args}}
+    csv_logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(a.work / "runs"), "name": name}}
+    return _cfg(a.work, name, model={"num_classes": 8}, data=data, trainer={"logger": csv_logger, "limit_test_batches": 1.0})
+
+
+def _table(stdout: str) -> dict[str, str]:
+    return dict(re.findall(r"^\W*((?:test|val|train)/\S+)\s+\W*\s*([-\d.e+na]+)", stdout, flags=re.MULTILINE))
+
+
+def case_test_on_own_folder_without_root(a: Audit) -> dict[str, Any]:
+    run = _utk_trained(a)
+    for i, age in enumerate([3, 7, 12, 22, 33, 44, 55, 66, 77, 88]):
+        _jpeg(a.work / "site2" / f"{age}_1_0_2019{i:08d}.jpg", 900 + i)
+    o = a.cli("test", "--config", str(_eval_cfg(a, "site2", test_root=str(a.work / "site2"))), "--ckpt_path", str(run["ckpt"]))
+    scored = _table(o.stdout).get("test/images")
+    good = o.rc == 0 and scored is not None and float(scored) == 10
+    return {**_fmt(o, f"scored {scored} images" if o.rc == 0 else "refused (data.root required)"), "verdict": _verdict(o, good)}
+
+
+def case_test_folder_copies_of_training_faces(a: Audit) -> dict[str, Any]:
+    run = _utk_trained(a)
+    code = ("from cloc_lightning.data import UTKFaceDataModule as D; "
+            f"d=D({str(run['root'])!r}, num_workers=0); print('\\n'.join(d._ensure_base()['train'].files))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
+    train = [ln for ln in proc.stdout.splitlines() if ln.endswith(".jpg")]
+    import shutil
+
+    (a.work / "dup").mkdir()
+    for i, src in enumerate(train[:26]):  # byte-identical copies under other names and ages
+        shutil.copy(src, a.work / "dup" / f"{(i % 80) + 5}_1_1_2020{i:08d}.jpg")
+    for i in range(4):
+        _jpeg(a.work / "dup" / f"{30 + i}_0_1_2021{i:08d}.jpg", 700 + i)
+    o = a.cli("test", "--config", str(_eval_cfg(a, "dup", root=str(run["root"]), test_root=str(a.work / "dup"))),
+              "--ckpt_path", str(run["ckpt"]))
+    warned = [ln for ln in o.stderr.splitlines() if "training split" in ln and "26 of 30" in ln and "26 byte-identical" in ln]
+    good = o.rc == 0 and len(warned) == 1
+    return {**_fmt(o, "warned with the count" if warned else "scored silently as held-out faces"), "verdict": _verdict(o, good)}
+
+
+def case_predict_utkface_folder_targets(a: Audit) -> dict[str, Any]:
+    run = _utk_trained(a)
+    for i, age in enumerate([3, 7, 12, 22, 33, 44]):
+        _jpeg(a.work / "named" / f"{age}_1_0_2019{i:08d}.jpg", 800 + i)
+    o = a.cli("predict", "--config", str(_eval_cfg(a, "pred", root=str(run["root"]), predict_root=str(a.work / "named"))),
+              "--ckpt_path", str(run["ckpt"]))
+    found = list((a.work / "runs" / "pred").glob("version_*/predictions.csv"))
+    header = found[0].read_text().splitlines()[0].split(",") if found else []
+    good = o.rc == 0 and "target" in header
+    return {**_fmt(o, "target column written" if "target" in header else "no target column"), "verdict": _verdict(o, good)}
+
+
+def case_test_table_and_closing_line(a: Audit) -> dict[str, Any]:
+    run = _utk_trained(a)
+    o = a.cli("test", "--config", str(_eval_cfg(a, "table", root=str(run["root"]))), "--ckpt_path", str(run["ckpt"]))
+    table = _table(o.stdout)
+    val_rows = [k for k in table if k.startswith("val/")]
+    closing = [ln for ln in o.stdout.splitlines() if ln.startswith(("logs (", "run folder ("))]
+    good = o.rc == 0 and "test/images" in table and not val_rows and bool(closing) and closing[-1].startswith("logs (CSV)")
+    note = (f"table: {len(val_rows)} val/* rows, images {'counted' if 'test/images' in table else 'not counted'}; "
+            f"closing: {closing[-1].split(':')[0] if closing else 'none'}")
+    return {**_fmt(o, note), "verdict": _verdict(o, good)}
+
+
 CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
     "predict without weights": case_predict_without_weights,
     "CSV: one label 2.5 among 12 integer classes": case_csv_non_integer_label,
@@ -375,6 +518,15 @@ CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
     "fit --help wall time": case_help_time,
     "probe --help": case_probe_help,
     "--model.help CLOCModule": case_model_help_rest,
+    # issue 42 (round 2), items 3, 4, 5, 13
+    "phase-two config without its margins file": case_phase2_without_margins,
+    "UTKFace ages 0 and 250, label_mode bins": case_utkface_ages_0_and_250_bins,
+    "one-class image folder": case_one_class_folder,
+    "one-class image folder, --model.num_classes 2": case_one_class_folder_num_classes_2,
+    "test on a folder of one's own without data.root": case_test_on_own_folder_without_root,
+    "test folder: 26 copies of training faces": case_test_folder_copies_of_training_faces,
+    "predict on a UTKFace-named folder": case_predict_utkface_folder_targets,
+    "test table and closing line (CSVLogger)": case_test_table_and_closing_line,
 }
 
 

@@ -58,7 +58,8 @@ from cloc_lightning.nn.pretrained import normalization_mismatch
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
 
 __all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
-           "main", "packaged_config_fallback"]
+           "main", "packaged_config_fallback", "REQUIRED_MARK",
+           "required_placeholders", "check_required_placeholders"]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -341,6 +342,48 @@ class CLOCArgumentParser(LightningArgumentParser):
         raise SystemExit(2)
 
 
+# ---------------------------------------------------------------------------------------------- required settings
+#: the start of a config value that must be given: ``"REQUIRED: --model.learnable_map <phase-one run folder>/cloc_margins.yaml"``
+#: (the phase-two configs' margins YAML and weights: ``null`` would mean something else, e.g. "all margins learnable")
+REQUIRED_MARK = "REQUIRED:"
+
+
+def required_placeholders(config: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """``(key, value)`` of every value of a parsed config (a Namespace or dict) still holding a :data:`REQUIRED_MARK` placeholder."""
+    data = config.as_dict() if hasattr(config, "as_dict") else config
+    found: list[tuple[str, str]] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found.extend(required_placeholders(value, f"{prefix}{key}."))
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            found.extend(required_placeholders(value, f"{prefix}{i}."))
+    elif isinstance(data, str) and data.startswith(REQUIRED_MARK):
+        found.append((prefix.rstrip("."), data))
+    return found
+
+
+def check_required_placeholders(config: Any, argv: list[str]) -> None:
+    """Refuse a run whose config still holds ``REQUIRED: ...`` placeholders (one line: the file, the settings, what to give)."""
+    found = required_placeholders(config)
+    if not found:
+        return
+    files = []
+    for path in _config_paths(argv):
+        try:
+            with open(path) as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if any(value in text for _, value in found):
+            files.append(path)
+    where = ", ".join(files) if files else "the config"
+    keys = ", ".join(key for key, _ in found)
+    give = " ".join(value[len(REQUIRED_MARK):].strip() for _, value in found)
+    raise ValueError(f"{where}: {keys} {'is a required setting' if len(found) == 1 else 'are required settings'} that "
+                     f"this run does not give (the config holds the placeholder {found[0][1]!r}); give {give}")
+
+
 # ---------------------------------------------------------------------------------------------- run records
 _RESUME_RECORD = re.compile(r"^config\.resume-(\d+)\.yaml$")
 
@@ -595,6 +638,10 @@ class CLOCLightningCLI(LightningCLI):
                 for key, value in kept.items():
                     args[key] = value
 
+    def before_instantiate_classes(self) -> None:
+        """Refuse a config that still holds ``REQUIRED: ...`` placeholders (:func:`check_required_placeholders`) before anything is built."""
+        check_required_placeholders(self._cfg(), self._raw_args)
+
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         return super().instantiate_trainer(**{**_integer_batch_limits(cfg, self._raw_args), **kwargs})
@@ -679,16 +726,30 @@ class CLOCLightningCLI(LightningCLI):
         self._closing_lines(best)
 
     def _closing_lines(self, best: str = "") -> None:
-        """``logs (TensorBoard): <run folder>`` (and the best checkpoint after fit), printed by rank 0."""
+        """``logs (<logger>): <run folder>`` (and the best checkpoint after fit), printed by rank 0.
+
+        The logger is named as it writes (``TensorBoard``, ``CSV``, ...: :func:`_logger_names`);
+        without one the line says ``run folder (no logger)``.
+        """
         trainer = self.trainer
         log_dir = trainer.log_dir  # a broadcast under DDP: every rank must read it, not rank 0 alone
         if trainer.is_global_zero:
+            names = _logger_names(trainer)
             if log_dir:
-                print(f"logs (TensorBoard): {log_dir}")
+                print(f"logs ({', '.join(names)}): {log_dir}" if names else f"run folder (no logger): {log_dir}")
             if best:
                 print(f"best checkpoint: {best}")
 
     after_validate = after_test = after_predict = _closing_lines
+
+
+def _logger_names(trainer: Any) -> list[str]:
+    """The trainer's loggers as the closing line names them: ``TensorBoardLogger`` -> ``TensorBoard``, ``CSVLogger`` -> ``CSV``."""
+    names = []
+    for logger in _real_loggers(trainer):
+        name = type(logger).__name__
+        names.append(name[: -len("Logger")] if name.endswith("Logger") and name != "Logger" else name)
+    return list(dict.fromkeys(names))
 
 
 def _first_line(fn: Any) -> str:

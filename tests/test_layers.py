@@ -58,6 +58,7 @@ DATA_LAYERS = {
     "eval_sharding": 2,
     "device_augment": 3,
     "tables": 3,
+    "overlap": 3,
     "errors": 4,
 }
 

@@ -258,10 +258,23 @@ class BaseDataModule(L.LightningDataModule):
 
     @property
     def num_classes(self) -> int:
-        """Number of classes (ranks for ordinal tasks)."""
+        """Number of classes (ranks for ordinal tasks); fewer than 2 is a :class:`DataConfigError` naming the classes found."""
         if not self.class_names:
             self.class_names = self.discover_class_names()
+        self._check_class_count()
         return len(self.class_names)
+
+    def class_source(self) -> str:
+        """Where the classes were found, for the message of too few classes (e.g. ``" in '<root>/train'"``; default empty)."""
+        return ""
+
+    def _check_class_count(self) -> None:
+        """At least 2 classes, else a :class:`DataConfigError` (read first: the model's ``num_classes`` comes from here)."""
+        n = len(self.class_names)
+        if n < 2:
+            shown = [str(c) for c in self.class_names[:10]]
+            raise DataConfigError(f"{type(self).__name__} found {n} class(es) ({shown}){self.class_source()}; at least 2 are "
+                                  "needed: give the data module data with two or more classes")
 
     def discover_class_names(self) -> list[str]:
         """Class names, computed without building the sets if possible."""
@@ -450,8 +463,7 @@ class BaseDataModule(L.LightningDataModule):
         if self._base is None:
             base = self.build_base_sets()
             n_classes = len(self.class_names)
-            if n_classes < 2:
-                raise DataConfigError(f"{type(self).__name__} found {n_classes} class(es); at least 2 are needed")
+            self._check_class_count()
             for split, ds in base.items():
                 bad = [t for t in ds.targets if not 0 <= t < n_classes]
                 if bad:
@@ -673,5 +685,6 @@ class BaseDataModule(L.LightningDataModule):
         if saved and self.class_names and list(saved) != list(self.class_names):
             raise DataConfigError(
                 f"the checkpoint was trained on classes {saved[:10]}..., this data module has "
-                f"{self.class_names[:10]}...; use the same data configuration to resume"
+                f"{self.class_names[:10]}...; resume or evaluate it with the data configuration it was trained with "
+                "(config.yaml in its run folder: the same classes, bins or class order)"
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,11 @@ class ImageFolderDataModule(BaseDataModule):
             )
         return path
 
+    def class_source(self) -> str:
+        path = self._root()
+        base = path / self.dirs["train"] if self._split_layout() else path
+        return f" in {str(base)!r} (one sub-folder per class: <root>/<train|test>/<class>/*.jpg or <root>/<class>/*.jpg)"
+
     def _split_layout(self) -> bool:
         path = self._root()
         return (path / self.dirs["train"]).is_dir()
@@ -114,6 +120,31 @@ class ImageFolderDataModule(BaseDataModule):
                 f"folders not in class_order {extra}"
             )
         return list(self.class_order)
+
+    def build_predict_set(self) -> LabelledDataset:
+        """``predict_root`` as the base class reads it; a folder whose every image lies in a class sub-folder
+        (``<predict_root>/<class>/...``, the training classes' names) gets those classes as targets.
+
+        A folder where only some images lie in class sub-folders is predicted without targets,
+        and a warning counts the others.
+        """
+        ds = super().build_predict_set()
+        assert self.predict_root is not None
+        root = Path(os.path.expanduser(self.predict_root))
+        if not isinstance(ds, ImageFileDataset) or ds.labelled or root.suffix.lower() == ".csv":
+            return ds
+        lookup = {name: c for c, name in enumerate(self.class_names or self.discover_class_names())}
+        tops = [Path(f).relative_to(root).parts for f in ds.files]
+        classes = [lookup.get(parts[0]) if len(parts) > 1 else None for parts in tops]
+        if all(c is not None for c in classes):
+            return ImageFileDataset(ds.files, [int(c) for c in classes if c is not None], "raise")
+        if any(c is not None for c in classes):
+            other = [str(Path(*parts)) for parts, c in zip(tops, classes, strict=True) if c is None]
+            warnings.warn(
+                f"predict_root {str(root)!r}: {len(other)} of {len(classes)} image(s) are not in a sub-folder named after "
+                f"a class {list(lookup)[:10]} (e.g. {other[:3]}), so predictions.csv has no target column; move them "
+                "into their class folders to get targets", stacklevel=2)
+        return ds
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
@@ -208,6 +239,9 @@ class CSVDataModule(BaseDataModule):
         self.split_fractions = tuple(split_fractions)
         self._table: CSVRows | None = None
         self._integer_labels = False
+
+    def class_source(self) -> str:
+        return f" in the {self.columns[1]!r} column of {str(self.csv_path)!r} (or data.class_names)"
 
     def _read(self) -> CSVRows:
         """The CSV's rows (read once; :func:`~cloc_lightning.data.tables.read_csv_rows`)."""

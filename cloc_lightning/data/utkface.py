@@ -20,10 +20,11 @@ from typing import Any, Literal
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
 from cloc_lightning.data.errors import DataConfigError, config_errors
+from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import hash_split
-from cloc_lightning.validation import check_choice
+from cloc_lightning.validation import check_choice, check_int
 
-__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS", "LabelMode"]
+__all__ = ["UTKFaceDataModule", "parse_utkface_name", "DEFAULT_AGE_BINS", "UTKFACE_AGES", "LabelMode"]
 
 #: labels: the age group (``age_bins``) or the age in years itself
 LabelMode = Literal["bins", "age"]
@@ -31,6 +32,9 @@ LabelMode = Literal["bins", "age"]
 #: Lower edges of the default age groups: 0-3, 4-7, 8-14, 15-24, 25-37, 38-47, 48-59, 60+
 #: (the eight Adience groups 0-2, 4-6, 8-13, 15-20, 25-32, 38-43, 48-53, 60+ with their gaps closed).
 DEFAULT_AGE_BINS: tuple[int, ...] = (0, 4, 8, 15, 25, 38, 48, 60)
+
+#: the ages UTKFace holds (1 to 116 years): a name with another age is a renamed or foreign file (``age_range``)
+UTKFACE_AGES: tuple[int, int] = (1, 116)
 
 _NAME = re.compile(r"^(?P<age>\d{1,3})_(?P<gender>\d)?_?(?P<race>\d)?_?(?P<date>\d+)?")
 
@@ -67,7 +71,10 @@ class UTKFaceDataModule(BaseDataModule):
     """UTKFace faces with ages as ordinal labels.
 
     Args:
-        root: folder of UTKFace images (searched recursively).
+        root: folder of UTKFace images (searched recursively), split into train/val/test;
+            ``None`` for ``test`` / ``predict`` alone on ``test_root`` / ``predict_root``
+            (a folder of one's own, where the training data may not be: then nothing is
+            compared with the training split).
         label_mode: ``'bins'`` maps ages to groups by ``age_bins``; ``'age'`` uses
             raw ages clipped to ``[min_age, max_age]`` as ranks ``age - min_age`` (a
             warning at setup counts the clipped ages of each split).
@@ -78,9 +85,15 @@ class UTKFaceDataModule(BaseDataModule):
         split_fractions: ``(train, val, test)`` fractions of the hash split.
         split_salt: change to draw a different (still deterministic) split.
         test_root: evaluate on another folder of UTKFace files; ``root`` is then
-            split into train/val only.
-        strict_names: image files whose names do not parse raise an error listing
-            them (default); ``False`` skips them with a warning.
+            split into train/val only.  Files it shares with the training split (the
+            same name, or the same bytes under another name) are counted in a warning.
+        strict_names: image files whose names do not parse, or whose age lies outside
+            ``age_range``, raise an error listing them (default); ``False`` skips them
+            with a warning that counts them.
+        age_range: ``(lowest, highest)`` age a file name may carry (default
+            :data:`UTKFACE_AGES`, 1..116); widen it for a data set of your own whose
+            ages are real.  Without it an age such as 250 or 0 would silently fall into
+            an end class (``60+``, ``0-3``).
         **kwargs: :class:`BaseDataModule` arguments (``image_size`` default 64).
     """
 
@@ -88,7 +101,7 @@ class UTKFaceDataModule(BaseDataModule):
 
     def __init__(
         self,
-        root: str,
+        root: str | None = None,
         label_mode: LabelMode = "bins",
         age_bins: Sequence[int] = DEFAULT_AGE_BINS,
         min_age: int = 1,
@@ -97,6 +110,7 @@ class UTKFaceDataModule(BaseDataModule):
         split_salt: str = "",
         test_root: str | None = None,
         strict_names: bool = True,
+        age_range: tuple[int, int] = UTKFACE_AGES,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image_size", 64)
@@ -108,6 +122,11 @@ class UTKFaceDataModule(BaseDataModule):
             raise DataConfigError(f"age_bins must be strictly increasing lower edges starting at 0 (>= 2 groups), got {bins}")
         if label_mode == "age" and not 0 <= min_age < max_age:
             raise DataConfigError(f"need 0 <= min_age < max_age, got {min_age}, {max_age}")
+        with config_errors():
+            if len(age_range) != 2:
+                raise ValueError(f"age_range must be (lowest, highest), got {list(age_range)}")
+            lo = check_int("age_range[0]", age_range[0], 0, hint="the lowest age a file name may carry, e.g. 1")
+            hi = check_int("age_range[1]", age_range[1], lo, hint="the highest age a file name may carry, e.g. 116")
         if len(split_fractions) != 3:
             raise DataConfigError(f"split_fractions must be (train, val, test), got {split_fractions}")
         self.root = root
@@ -119,6 +138,7 @@ class UTKFaceDataModule(BaseDataModule):
         self.split_salt = split_salt
         self.test_root = test_root
         self.strict_names = strict_names
+        self.age_range = (lo, hi)
 
     def age_to_label(self, age: int) -> int:
         """Ordinal class of an age."""
@@ -149,12 +169,86 @@ class UTKFaceDataModule(BaseDataModule):
             )
         if bad:
             warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}", stacklevel=2)
+        files, labels = self._within_age_range(root, files, labels)
         if not files:
             raise DataConfigError(f"no UTKFace images with parseable names in {root!r}")
         return files, labels
 
+    def _within_age_range(self, root: str, files: list[str], ages: list[int]) -> tuple[list[str], list[int]]:
+        """``files``/``ages`` whose age lies in ``age_range``; the others are refused (``strict_names``) or skipped, counted.
+
+        Binning never clips (the last group is open-ended), so without this check a renamed or
+        foreign file (``250_...``, ``0_...``) would land in ``60+`` or ``0-3`` without a trace.
+        """
+        lo, hi = self.age_range
+        out = [i for i, a in enumerate(ages) if not lo <= a <= hi]
+        if not out:
+            return files, ages
+        names = [os.path.basename(files[i]) for i in out]
+        found = sorted({ages[i] for i in out})
+        shown = ", ".join(str(a) for a in found[:8]) + (", ..." if len(found) > 8 else "")
+        if self.strict_names:
+            raise DataConfigError(
+                f"{len(out)} UTKFace file(s) in {root!r} have ages outside {lo}..{hi} (ages {shown}), e.g. {names[:5]}; "
+                "rename or remove them, widen data.age_range if those ages are real, or set data.strict_names: false "
+                "to skip them (they would otherwise fall silently into an end class)"
+            )
+        warnings.warn(f"skipped {len(out)} UTKFace file(s) with ages outside {lo}..{hi} (ages {shown}) in {root!r}, "
+                      f"e.g. {names[:3]}; widen data.age_range if those ages are real", stacklevel=3)
+        keep = set(range(len(files))) - set(out)
+        return [f for i, f in enumerate(files) if i in keep], [a for i, a in enumerate(ages) if i in keep]
+
+    def setup(self, stage: str | None = None) -> None:
+        """As :meth:`BaseDataModule.setup`; without ``root`` only ``test`` (and ``predict``) can run, on ``test_root``."""
+        if self.root is None and not (stage == "predict" and self.predict_root is not None):
+            if self.test_root is None:
+                raise DataConfigError(
+                    "UTKFaceDataModule: data.root is not set; set it to a folder of UTKFace images "
+                    "(<age>_<gender>_<race>_<datetime>.jpg.chip.jpg), or data.test_root (test) / data.predict_root "
+                    "(predict) to evaluate a folder of your own"
+                )
+            if stage not in ("test", "predict"):
+                raise DataConfigError(
+                    f"UTKFaceDataModule: data.root is not set, so there is no training or validation data for "
+                    f"{stage or 'fit'}; set data.root (data.test_root {self.test_root!r} alone serves test and predict)"
+                )
+        super().setup(stage)
+
+    def build_predict_set(self) -> LabelledDataset:
+        """``predict_root`` as the base class reads it; a folder whose every image has a UTKFace name gets its ages as targets.
+
+        A folder with some names that do not parse (or ages outside ``age_range``) is predicted
+        without targets, and a warning says how many names were not read.
+        """
+        ds = super().build_predict_set()
+        assert self.predict_root is not None
+        if not isinstance(ds, ImageFileDataset) or ds.labelled or os.path.splitext(self.predict_root)[1].lower() == ".csv":
+            return ds
+        ages = [parse_utkface_name(f) for f in ds.files]
+        lo, hi = self.age_range
+        readable = [p is not None and lo <= int(p["age"] or 0) <= hi for p in ages]
+        if all(readable):
+            self.class_names = self.class_names or self.discover_class_names()
+            labels = [self.age_to_label(int(p["age"] or 0)) for p in ages if p is not None]
+            return ImageFileDataset(ds.files, labels, "raise")
+        if any(readable):
+            bad = [os.path.basename(f) for f, ok in zip(ds.files, readable, strict=True) if not ok]
+            warnings.warn(
+                f"predict_root {self.predict_root!r}: {len(bad)} of {len(ds.files)} image(s) have no UTKFace name with an "
+                f"age in {lo}..{hi} (e.g. {bad[:3]}), so predictions.csv has no target column; rename them "
+                "(<age>_<gender>_<race>_<datetime>.jpg) to get targets", stacklevel=2)
+        return ds
+
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
+        if self.root is None:  # test alone on test_root (setup refuses every other stage)
+            assert self.test_root is not None
+            test = self._read_ages(self.test_root)
+            self._warn_clipped({"train": ([], []), "val": ([], []), "test": test})
+            empty = ImageFileDataset([], [], self.bad_files)
+            labels = [self.age_to_label(a) for a in test[1]]
+            return {"train": empty, "val": ImageFileDataset([], [], self.bad_files),
+                    "test": ImageFileDataset(test[0], labels, self.bad_files)}
         files, ages = self._read_ages(self.root)
         keys = [os.path.basename(f) for f in files]
         split_ages: dict[str, tuple[list[str], list[int]]] = {}
@@ -168,6 +262,10 @@ class UTKFaceDataModule(BaseDataModule):
         for i, name in enumerate(names):
             split_ages[name] = ([f for f, s in zip(files, split, strict=True) if s == i],
                                 [a for a, s in zip(ages, split, strict=True) if s == i])
+        if self.test_root is not None:
+            overlap = shared_with_training(split_ages["train"][0], split_ages["test"][0])
+            if overlap:
+                warnings.warn(overlap_message(overlap, len(split_ages["test"][0]), self.test_root, self.root), stacklevel=2)
         self._warn_clipped(split_ages)
         return {
             name: ImageFileDataset(split_ages[name][0], [self.age_to_label(a) for a in split_ages[name][1]], self.bad_files)

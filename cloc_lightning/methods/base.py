@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from lightning.fabric.utilities.data import AttributeDict
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from torch import nn
-from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics import MeanMetric, MetricCollection, SumMetric
 
 from cloc_lightning import distributed as dist_utils
 from cloc_lightning.checkpoints import (
@@ -297,6 +297,19 @@ class BaseModule(L.LightningModule):
         w = torch.as_tensor(weight, dtype=torch.float32, device=value.device)
         v = torch.where(w > 0, value.detach().float(), torch.zeros_like(w))  # a mean over 0 rows (NaN) adds nothing
         metric.update(v, w)
+        self.log(name, metric, on_step=False, on_epoch=True, metric_attribute=f"eval_means.{key}")
+
+    def log_eval_count(self, name: str, rows: int, device: torch.device) -> None:
+        """Log how many rows an evaluation epoch scored (``test/images``), summed over the batches and the DDP processes.
+
+        A torchmetrics ``SumMetric`` in :attr:`eval_means` (as :meth:`log_eval_mean`), so the count
+        is exact under DDP, where each process evaluates its own share once.
+        """
+        key = name.replace(".", "_")
+        if key not in self.eval_means:
+            self.eval_means[key] = SumMetric().to(device)
+        metric = cast(SumMetric, self.eval_means[key])
+        metric.update(torch.as_tensor(rows, dtype=torch.float32, device=device))
         self.log(name, metric, on_step=False, on_epoch=True, metric_attribute=f"eval_means.{key}")
 
     def param_groups(self) -> list[dict[str, Any]]:
@@ -661,6 +674,8 @@ class ClassifierModule(BestFinalTracking, BaseModule):
             metrics = (val if stage == "val" else test).to(scores.device)
         metrics.update(scores, y, **metric_kwargs)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=y.shape[0])
+        if stage == "test":
+            self.log_eval_count("test/images", y.shape[0], scores.device)
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

@@ -166,6 +166,8 @@ class PretrainModule(BaseModule):
         x, y = self.split_batch(batch, owner=type(self).__name__)
         features = self.eval_views(list(x), y, stage) if isinstance(x, (list, tuple)) else self.extract_features(x)
         self.log_online_eval(features, y, stage)
+        if stage == "test":
+            self.log_eval_count("test/images", y.shape[0], y.device)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._eval_step(batch, "val")

@@ -9,7 +9,8 @@ at the end of ``fit`` both are printed (:meth:`~BestFinalTracking.summary_line`,
 ``CEModule: val/acc final 0.8712 (epoch 99), best 0.8760 (epoch 87)``), sent to the loggers
 as ``<name>_final`` / ``<name>_best`` and kept in ``val_summary``.  A ``test`` run in the same
 process (``test_after_fit``, which tests the best checkpoint) logs them again next to the
-test metrics.  Epochs count from 0, as in the checkpoint names.  The history is saved in
+test metrics; a ``test`` run of its own (``cloc-lightning test --ckpt_path``) does not: the
+checkpoint's validation values are no test metric.  Epochs count from 0, as in the checkpoint names.  The history is saved in
 checkpoints (``checkpoint[VAL_HISTORY_KEY]``), so a resumed fit continues it.
 
 A NaN/inf value (a diverged model: :mod:`cloc_lightning.metrics` gives NaN for non-finite
@@ -49,6 +50,8 @@ class BestFinalTracking(_LightningModule):
     VAL_HISTORY_KEY: ClassVar[str] = "cloc_lightning/val_history"
     #: how :meth:`summary_line` names the module (``None``: the class name)
     summary_name: ClassVar[str | None] = None
+    #: whether this process ran a fit of the module (``test_after_fit``): only then does a test log the fit's values
+    _fitted_in_process: bool = False
 
     #: ``{metric: {"final", "final_epoch", "best", "best_epoch"}}`` of the validation epochs of the fit
     val_summary: dict[str, dict[str, float]]
@@ -120,6 +123,7 @@ class BestFinalTracking(_LightningModule):
     def on_fit_end(self) -> None:
         """Print the final and best validation values and send them to the loggers (``<name>_final`` / ``_best``)."""
         super().on_fit_end()
+        self._fitted_in_process = True
         if not self.val_summary:
             return
         if self.trainer.is_global_zero:
@@ -133,8 +137,14 @@ class BestFinalTracking(_LightningModule):
                 logger.save()
 
     def on_test_epoch_end(self) -> None:
-        """Log the fit's final and best validation values next to the test metrics (when this process ran the fit)."""
+        """Log the fit's final and best validation values next to the test metrics (when this process ran the fit).
+
+        A ``test`` of a checkpoint alone does not: the checkpoint's ``val/*_best`` would stand in the
+        test table as if they were test metrics.
+        """
         super().on_test_epoch_end()
+        if not self._fitted_in_process:
+            return
         for name, e in self.val_summary.items():
             self.log(f"{name}_final", e["final"], sync_dist=True)
             self.log(f"{name}_best", e["best"], sync_dist=True)

@@ -252,3 +252,31 @@ def test_entry_point_answers_configs_without_importing_torch(tmp_path: Path) -> 
 def test_entry_point_hands_other_commands_to_the_cli(tmp_path: Path) -> None:
     rc, _out, err = _entry(["fit", "--config", "configs/cloc/nope.yaml"], tmp_path)
     assert rc != 0 and "'torch'" in err.split("IMPORTED", 1)[1]  # the LightningCLI path ran
+
+
+# ------------------------------------------------------------------ phase-two configs (issue 42, item 3)
+PHASE2_SMALL = ["--model.backbone", "test_resnet", "--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8",
+                "--data.batch_size", "8", "--data.image_size", "16", "--data.num_workers", "0", "--trainer.max_steps", "1",
+                "--trainer.limit_val_batches", "0", "--test_after_fit", "false", "--trainer.enable_progress_bar", "false",
+                "--trainer.accelerator", "cpu"]
+
+
+@pytest.mark.parametrize("given, missing", [
+    ([], ["--model.learnable_map", "--model.init_from"]),
+    (["--model.init_from", "phase_one.ckpt"], ["--model.learnable_map"]),
+])
+def test_a_phase_two_config_without_its_margins_file_stops(given: list[str], missing: list[str], outside_repo: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``learnable_map: null`` (all margins learnable) ran phase one again, from random weights, with exit 0."""
+    config = str(CONFIGS / "cloc" / "demo_phase2.yaml")
+    (outside_repo / "phase_one.ckpt").write_text("not read: the check comes first")
+    code, out, err = run(["fit", "--config", config, *PHASE2_SMALL, *given], capsys)
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("cloc-lightning: error:")]
+    assert code == 1 and len(lines) == 1, err[-3000:]
+    assert "Traceback" not in err and "Epoch" not in out and not (outside_repo / "runs").exists()
+    line = lines[0]
+    assert f"{config}: " in line and "phase-one run folder" in line, line
+    for option in missing:
+        assert option in line, line
+    assert "cloc_margins.yaml" in line
+    assert ("--model.init_from" in line) == ("--model.init_from" in missing)

@@ -112,3 +112,25 @@ def test_the_real_command_line_fits_and_validates_without_model_num_classes(tmp_
     out = run_cli(["validate", "--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
                    "--trainer.logger", "false"], tmp_path).stdout
     assert "val/mae" in out
+
+
+@pytest.mark.parametrize("given", [[], ["--model.num_classes", "2"]])
+def test_a_one_class_folder_is_named_by_the_data_module_first(given: list[str], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Before (issue 42, item 5): "num_classes must be an integer >= 2, got 1", a setting the user never made; with
+    ``--model.num_classes 2`` the advice (leave it out) led back to that error."""
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for i in range(3):
+            (tmp_path / "one" / split / "cats").mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / "one" / split / "cats" / f"{i}.png")
+    code, out, err = _main(["fit", "--model", "CEModule", "--model.backbone", TINY_BACKBONE, *given,
+                            "--data", "ImageFolderDataModule", "--data.root", str(tmp_path / "one"),
+                            "--data.num_workers", "0", "--trainer.logger.init_args.save_dir", "runs"], capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("cloc-lightning: error:")]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err and "Epoch" not in out, err[-3000:]
+    line = lines[0]
+    assert line.startswith("cloc-lightning: error: ImageFolderDataModule found 1 class(es) (['cats'])"), line
+    assert "at least 2 are needed" in line and str(tmp_path / "one" / "train") in line, line
+    assert "num_classes must be" not in line and "model.num_classes=" not in line, line

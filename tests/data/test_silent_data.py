@@ -155,8 +155,32 @@ def test_utkface_ages_outside_the_range_are_counted(tmp_path: Path) -> None:
     assert sorted(dm.test_set.targets) == [0, 3, 28, 38, 77, 78, 78, 78]  # still clipped, as documented
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # test_root is root here: the (right) warning that its files are training files is not this test's subject
+        warnings.filterwarnings("ignore", message=r"test_root .* are in the training split")
         for kw in ({"label_mode": "age", "max_age": 120, "min_age": 1}, {}):  # bins: the last group is open
             UTKFaceDataModule(str(tmp_path), split_fractions=(1, 0, 0), test_root=str(tmp_path), **kw).setup("test")
+
+
+@pytest.mark.parametrize("label_mode", ["bins", "age"])
+def test_utkface_ages_outside_1_to_116_are_refused_or_skipped_with_a_count(tmp_path: Path, label_mode: str) -> None:
+    """Before (issue 42, item 4): in label_mode bins, 250 went to '60+' and 0 to '0-3' without a count."""
+    for i, age in enumerate([0, 5, 30, 250, 60, 117, 40, 8]):
+        _png(tmp_path / f"{age}_0_1_2017010{i}.jpg.chip.jpg", seed=i)
+    kw = dict(label_mode=label_mode, batch_size=1, num_workers=0, drop_last=False, split_fractions=(1, 0, 0),
+              test_root=str(tmp_path))
+    with pytest.raises(DataConfigError) as err:
+        UTKFaceDataModule(str(tmp_path), **kw).setup("test")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"3 UTKFace file(s) in {str(tmp_path)!r} have ages outside 1..116"), msg
+    assert "0_0_1_20170100.jpg.chip.jpg" in msg and "250_0_1_20170103.jpg.chip.jpg" in msg, msg
+    assert "data.age_range" in msg and "data.strict_names: false" in msg, msg
+    dm = UTKFaceDataModule(str(tmp_path), strict_names=False, **kw)
+    with pytest.warns(UserWarning, match=r"skipped 3 UTKFace file\(s\) with ages outside 1\.\.116 \(ages 0, 117, 250\)"):
+        dm.setup("test")
+    assert len(dm.test_set) == 5  # the other five, none binned into an end class
+    dm = UTKFaceDataModule(str(tmp_path), age_range=(0, 250), **kw)  # ages that are real: widen the range
+    dm.setup("test")
+    assert len(dm.test_set) == 8
 
 
 # ------------------------------------------------------------------------------ bad numbers (item 8)
