@@ -624,25 +624,49 @@ class CLOCLightningCLI(LightningCLI):
         for cb in self.trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(cb, RunConfigSaver):
                 cb.resuming = resuming
-        _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
         if self.subcommand != "fit":
-            self._require_weights(path)
+            self._require_weights(path)  # before the run folder is made: a refused run leaves none
+        _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
 
     def _require_weights(self, ckpt_path: str | None) -> None:
-        """``validate``/``test``/``predict`` need trained weights: a ``--ckpt_path`` or the model's ``init_from``.
+        """``validate``/``test``/``predict`` need trained weights: a ``--ckpt_path``, or an ``init_from`` that
+        loads every weight the command reads.
 
         Without either, the model is the randomly initialised one (a ``pretrained`` backbone
         still has an untrained head), and its metrics or predictions would look like results.
+        An ``init_from`` checkpoint of another module (a SupCon encoder for a CLOC model, a CE
+        model for a CORN one) leaves the head at its initialisation: refused too, naming what
+        is missing (:meth:`~cloc_lightning.methods.base.BaseModule.init_from_report` against
+        :meth:`~cloc_lightning.methods.base.BaseModule.evaluation_keys`).
         """
         hparams = getattr(self.model, "hparams", None) or {}
-        if ckpt_path or hparams.get("init_from"):
+        init_from = hparams.get("init_from")
+        if ckpt_path:
             return
         sub = self.subcommand
         what = "predictions" if sub == "predict" else "metrics"
+        if not init_from:
+            raise MissingWeightsError(
+                f"{sub} without trained weights: no --ckpt_path and no --model.init_from, so the model is the untrained, "
+                f"randomly initialised one and its {what} mean nothing; give --ckpt_path <run folder>/checkpoints/<file>.ckpt "
+                "(a checkpoint of this model) or --model.init_from <checkpoint or state_dict file>"
+            )
+        report = getattr(self.model, "init_from_report", None)
+        needed = getattr(self.model, "evaluation_keys", None)
+        if not callable(report) or not callable(needed):
+            return  # not a BaseModule: its init_from is its own
+        loaded = set(report(init_from)["loaded"])
+        keys = needed()
+        untrained = [k for k in keys if k not in loaded]
+        if not untrained:
+            return
+        name = type(self.model).__name__
+        groups = _key_groups(untrained)
         raise MissingWeightsError(
-            f"{sub} without trained weights: no --ckpt_path and no --model.init_from, so the model is the untrained, "
-            f"randomly initialised one and its {what} mean nothing; give --ckpt_path <run folder>/checkpoints/<file>.ckpt "
-            "(a checkpoint of this model) or --model.init_from <checkpoint or state_dict file>"
+            f"{sub} with --model.init_from {init_from}: {', '.join(groups)} not in it ({len(untrained)} of the {len(keys)} "
+            f"tensors {name} evaluates with), so its {what} would come from an untrained {', '.join(groups)}; give "
+            f"--ckpt_path <a checkpoint of {name}> (fit first, e.g. with this --model.init_from), or an init_from "
+            f"checkpoint of {name}"
         )
 
     def _before_subcommand(self) -> None:
@@ -720,6 +744,11 @@ def _check_ckpt_path_exists(ckpt_path: Any) -> None:
     if os.path.isdir(ckpt_path):
         raise IsADirectoryError(f"--ckpt_path {ckpt_path}: is a folder; give a .ckpt file in it "
                                 f"({', '.join(sorted(os.listdir(ckpt_path))[:4]) or 'it is empty'})")
+
+
+def _key_groups(keys: Iterable[str]) -> list[str]:
+    """``['head.*', 'probe.*']``: the first name of each ``state_dict`` key, in order."""
+    return list(dict.fromkeys(f"{k.split('.', 1)[0]}.*" if "." in k else k for k in keys))
 
 
 def _print0(trainer: Any, message: str) -> None:

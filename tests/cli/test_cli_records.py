@@ -112,3 +112,31 @@ def test_predict_with_init_from_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ckpt = next((tmp_path / "runs" / "rec" / "version_0" / "checkpoints").glob("last*.ckpt"))
     assert _exit_code(["predict", *ARGS, "--model.init_from", str(ckpt)]) == 0
     assert (tmp_path / "runs" / "rec" / "version_1" / "predictions.csv").is_file()
+
+
+# ----------------------------------------------------------------------- init_from of another module (issue 42, item 1)
+def _other_module_args(model: list[str]) -> list[str]:
+    """:data:`ARGS` with another model (same tiny backbone, data, logger)."""
+    return [*model, "--model.backbone", TINY_BACKBONE, *ARGS[ARGS.index("--data"):]]
+
+
+@pytest.mark.parametrize(("command", "model", "untrained"), [
+    ("predict", ["--model", "OrdinalRegressionModule", "--model.head", "corn"], "head.*"),
+    ("test", ["--model", "SupConModule", "--model.method", "supcon"], "probe.*"),
+])
+def test_evaluation_refuses_init_from_that_leaves_parameters_untrained(
+        command: str, model: list[str], untrained: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CE checkpoint loads the encoder of a CORN model / a SupCon model, not its head / online probe: refused,
+    naming what would be untrained and the fix, before a run folder or a record is written."""
+    monkeypatch.chdir(tmp_path)
+    assert _exit_code(["fit", *ARGS]) == 0
+    ckpt = next((tmp_path / "runs" / "rec" / "version_0" / "checkpoints").glob("last*.ckpt"))
+    capsys.readouterr()
+    assert _exit_code([command, *_other_module_args(model), "--model.init_from", str(ckpt)]) == 1
+    err = capsys.readouterr().err
+    assert f"{command} with --model.init_from {ckpt}" in err, err
+    assert f"{untrained} not in it" in err and "untrained" in err, err
+    assert "--ckpt_path <a checkpoint of" in err and "fit first" in err, err
+    assert len([ln for ln in err.strip().splitlines() if not ln.startswith("/")]) == 2, err  # the error + the --debug hint
+    assert sorted(p.name for p in (tmp_path / "runs" / "rec").iterdir()) == ["version_0"]  # no run folder left behind
