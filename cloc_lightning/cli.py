@@ -55,10 +55,10 @@ from cloc_lightning.distributed import release_process_group
 from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.nn.pretrained import normalization_mismatch
-from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
+from cloc_lightning.resume import checkpoint_position, checkpoint_progress, find_last_checkpoint
 
 __all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
-           "main", "packaged_config_fallback"]
+           "RunFinishedError", "main", "packaged_config_fallback"]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -120,6 +120,10 @@ class RunFolderInUseError(FileExistsError):
 
 class MissingWeightsError(ValueError):
     """``validate``/``test``/``predict`` without trained weights (no ``--ckpt_path``, no ``init_from``)."""
+
+
+class RunFinishedError(ValueError):
+    """``fit --ckpt_path`` from a checkpoint at the end of the run's ``max_epochs``/``max_steps``: it would train nothing."""
 
 
 class RunFolderError(NotADirectoryError):
@@ -611,6 +615,7 @@ class CLOCLightningCLI(LightningCLI):
                 _print0(self.trainer, "--ckpt_path last: no last checkpoint found for this run; training starts from scratch")
             cfg["ckpt_path"] = path
         if path and os.path.isfile(path) and self.subcommand == "fit":
+            _check_trains_more(self.trainer, given, path)  # before the run folder and its records are touched
             # a resumed fit continues its run folder (validate/test/predict log into a new one and
             # never overwrite the training run's config.yaml)
             version = _version_folder_of(self.trainer, path)
@@ -744,6 +749,24 @@ def _check_ckpt_path_exists(ckpt_path: Any) -> None:
     if os.path.isdir(ckpt_path):
         raise IsADirectoryError(f"--ckpt_path {ckpt_path}: is a folder; give a .ckpt file in it "
                                 f"({', '.join(sorted(os.listdir(ckpt_path))[:4]) or 'it is empty'})")
+
+
+def _check_trains_more(trainer: Any, given: Any, path: str) -> None:
+    """Raise :class:`RunFinishedError` when a fit resumed from ``path`` would train nothing: the checkpoint is at the
+    end of ``max_epochs`` or ``max_steps`` (Lightning would stop at once, then test and log into the run again)."""
+    epochs, step, _ = checkpoint_progress(path)
+    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    if max_steps is not None and max_steps >= 0 and step >= max_steps:
+        end, fix = f"global step {step} of max_steps {max_steps}", f"--trainer.max_steps {step + 1} or more"
+    elif max_epochs is not None and max_epochs >= 0 and epochs >= max_epochs:
+        end, fix = f"epoch {epochs} of max_epochs {max_epochs}", f"--trainer.max_epochs {epochs + 1} or more"
+    else:
+        return
+    raise RunFinishedError(
+        f"--ckpt_path {given}: {path} is the end of its run ({end}), so this fit would train nothing; to train "
+        f"longer give {fix} (the learning-rate schedule then spans the new total: docs/cli.md), or evaluate it with "
+        f"`cloc-lightning test --ckpt_path {path}` (same config)"
+    )
 
 
 def _key_groups(keys: Iterable[str]) -> list[str]:

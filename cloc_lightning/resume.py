@@ -63,6 +63,7 @@ __all__ = [
     "ResumeState",
     "find_last_checkpoint",
     "checkpoint_position",
+    "checkpoint_progress",
 ]
 
 
@@ -352,6 +353,24 @@ def find_last_checkpoint(trainer: Any) -> str | None:
         f for d in folders for f in glob.glob(os.path.join(glob.escape(d), "last*.ckpt")) if os.path.isfile(f)
     ]
     return max(candidates, key=os.path.getmtime) if candidates else None
+
+
+def checkpoint_progress(path: str) -> tuple[int, int, bool]:
+    """``(epochs finished, global step, mid-epoch)`` of a checkpoint: where a fit resumed from it starts.
+
+    ``mid-epoch`` is ``True`` for a checkpoint written inside an epoch (the resumed fit
+    continues that epoch, which is not counted as finished).
+    """
+    ckpt = read_checkpoint(path, mmap=True, what="checkpoint", hint="give an existing .ckpt file")
+    epoch, step = int(ckpt.get("epoch") or 0), int(ckpt.get("global_step") or 0)
+    try:
+        loop = ckpt["loops"]["fit_loop"]
+        finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
+            loop["epoch_progress"]["current"]["processed"]
+        ) > epoch
+    except (KeyError, TypeError, ValueError):
+        return epoch, step, True  # no loop state: Lightning restarts epoch ``epoch``
+    return (epoch + 1, step, False) if finished else (epoch, step, True)
 
 
 def checkpoint_position(path: str) -> str:

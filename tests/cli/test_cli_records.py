@@ -140,3 +140,33 @@ def test_evaluation_refuses_init_from_that_leaves_parameters_untrained(
     assert "--ckpt_path <a checkpoint of" in err and "fit first" in err, err
     assert len([ln for ln in err.strip().splitlines() if not ln.startswith("/")]) == 2, err  # the error + the --debug hint
     assert sorted(p.name for p in (tmp_path / "runs" / "rec").iterdir()) == ["version_0"]  # no run folder left behind
+
+
+# ----------------------------------------------------------------------- resuming a finished run (issue 42, item 2)
+def _records(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` with its size and modification time (ns): what a refused run must leave alone."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns + p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(("limit", "end", "fix"), [
+    ([], "epoch 1 of max_epochs 1", "--trainer.max_epochs 2"),
+    (["--trainer.max_steps", "2", "--trainer.max_epochs", "5"], "global step 2 of max_steps 2", "--trainer.max_steps 3"),
+])
+def test_resuming_a_finished_run_is_refused_before_any_record_is_written(
+        limit: list[str], end: str, fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [*ARGS, *limit, "--test_after_fit", "true"]
+    assert _exit_code(["fit", *args]) == 0
+    runs = tmp_path / "runs" / "rec"
+    before = _records(runs)
+    capsys.readouterr()
+    for ckpt in ("last", str(runs / "version_0" / "checkpoints" / "last.ckpt")):
+        assert _exit_code(["fit", *args, "--ckpt_path", ckpt]) == 1
+        captured = capsys.readouterr()
+        err = captured.err
+        assert f"--ckpt_path {ckpt}:" in err and "the end of its run" in err and end in err, err
+        assert "would train nothing" in err and fix in err, err
+        assert len([ln for ln in err.strip().splitlines() if not ln.startswith("/")]) == 2, err
+        assert "test/" not in captured.out  # no test re-run
+        assert _records(runs) == before  # no config.resume-1.yaml, no new events, no new run folder
