@@ -5,6 +5,7 @@ refused before it writes anything; ``validate``/``test``/``predict`` refuse to r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import pytest
@@ -170,3 +171,33 @@ def test_resuming_a_finished_run_is_refused_before_any_record_is_written(
         assert len([ln for ln in err.strip().splitlines() if not ln.startswith("/")]) == 2, err
         assert "test/" not in captured.out  # no test re-run
         assert _records(runs) == before  # no config.resume-1.yaml, no new events, no new run folder
+
+
+# ----------------------------------------------------------------------- extending a finished run (issue 42, item 14)
+class RecordLR(L.Callback):
+    """The learning rate each training step's optimiser step uses (read before the step), per process."""
+
+    used: ClassVar[list[tuple[int, float]]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: object, batch_idx: int) -> None:
+        RecordLR.used.append((trainer.global_step, float(trainer.optimizers[0].param_groups[0]["lr"])))
+
+
+def test_extending_a_finished_run_continues_the_schedule_over_the_new_total(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-epoch cosine run resumed with max_epochs 2 takes the LRs of steps 2-3 of a 2-epoch run's cosine (docs/cli.md:
+    the schedule spans the new total and continues from the resumed step), not LR 0.0 (the old schedule's end) first."""
+    monkeypatch.chdir(tmp_path)
+    record = ["--trainer.callbacks+=tests.cli.test_cli_records.RecordLR", "--model.lr", "0.01"]
+    RecordLR.used = []
+    assert _exit_code(["fit", *ARGS, *record, "--trainer.max_epochs", "2", "--trainer.logger.init_args.name", "ref"]) == 0
+    reference = dict(RecordLR.used)
+    assert sorted(reference) == [0, 1, 2, 3] and reference[0] == pytest.approx(0.01)
+    RecordLR.used = []
+    assert _exit_code(["fit", *ARGS, *record]) == 0
+    assert [s for s, _ in RecordLR.used] == [0, 1]
+    RecordLR.used = []
+    assert _exit_code(["fit", *ARGS, *record, "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert [s for s, _ in RecordLR.used] == [2, 3]
+    assert RecordLR.used[0][1] > 0.0
+    assert dict(RecordLR.used) == {2: reference[2], 3: reference[3]}
