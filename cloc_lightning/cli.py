@@ -45,6 +45,7 @@ import cloc_lightning.data  # registers the data modules (also imported for Base
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks import PredictionWriter
+from cloc_lightning.callbacks.finite import check_trains_something
 from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
 from cloc_lightning.checkpoints import import_class, read_checkpoint
 from cloc_lightning.commands import COMMANDS
@@ -459,34 +460,53 @@ def _run_records(folder: str) -> list[str]:
     return sorted(n for n in os.listdir(folder) if any(fnmatch.fnmatch(n, p) for p in _RECORD_PATTERNS))
 
 
-def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
+#: what a run that failed before its first step may have written into the folder it made (nothing of a result)
+_EMPTY_RUN_PATTERNS = ("config*.yaml", "hparams.yaml", "events.out.tfevents.*", "metrics.csv")
+
+
+def _left_empty(folder: str) -> bool:
+    """Whether ``folder`` holds only what a run writes before it has a result (its config, hyper-parameters, the
+    loggers' first files, an empty ``checkpoints`` folder): no checkpoint, prediction, plot or file of anyone else."""
+    import fnmatch
+
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name != "checkpoints" or os.listdir(entry.path):
+                return False
+        elif not any(fnmatch.fnmatch(entry.name, p) for p in _EMPTY_RUN_PATTERNS):
+            return False
+    return True
+
+
+def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> str | None:
     """Before anything is written: the run folder can be written and, for a new run, holds no other run's records.
 
     An automatically numbered folder that another run took meanwhile (two runs started at once)
     moves this run to the next free number: the folder is created with ``mkdir``, which only one
     process can do.  A pinned ``--trainer.logger.init_args.version`` whose folder holds files is
-    refused (:class:`RunFolderInUseError`).  Runs on global rank 0 only.
+    refused (:class:`RunFolderInUseError`).  Runs on global rank 0 only.  Returns the folder when this
+    call made it (a run that fails before its first step removes it again: :meth:`CLOCLightningCLI._run_subcommand`).
     """
     loggers = _versioned_loggers(trainer)
     if not trainer.is_global_zero or not loggers:
-        return
+        return None
     logger = loggers[0]
     for _ in range(1000):
         log_dir = str(logger.log_dir)
         _check_save_dir(os.path.dirname(log_dir))
         if resuming:
             _check_save_dir(log_dir)
-            return
+            return None
         try:
             os.mkdir(log_dir)
-            return
+            return log_dir
         except FileExistsError:
             pass
         if not os.path.isdir(log_dir):
             raise RunFolderError(f"logger run folder {log_dir} is a file; remove it or pick another version")
         held = _run_records(log_dir)
         if not held:
-            return  # no run's records (empty, or only files of your own, e.g. a job script's log)
+            return None  # no run's records (empty, or only files of your own, e.g. a job script's log)
         if pinned:
             shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
             raise RunFolderInUseError(
@@ -504,6 +524,8 @@ class CLOCLightningCLI(LightningCLI):
 
     def __init__(self, *pos: Any, **kwargs: Any) -> None:
         self._num_classes_from_checkpoint = False
+        #: the run folder this command made (global rank 0), removed again if the command fails before a result
+        self._made_run_folder: str | None = None
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
@@ -604,6 +626,36 @@ class CLOCLightningCLI(LightningCLI):
         return super().instantiate_trainer(**{**_integer_batch_limits(cfg, self._raw_args), **kwargs})
 
     # ------------------------------------------------------------------ subcommands
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's ``before_<cmd>``, the Trainer command and ``after_<cmd>``; a command that fails before any
+        result removes the run folder it made (:meth:`_remove_run_folder_left_empty`) and re-raises."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as e:
+            self._remove_run_folder_left_empty(e)
+            raise
+
+    def _remove_run_folder_left_empty(self, exc: BaseException) -> None:
+        """Remove the run folder this command made when it holds no result (:func:`_left_empty`) and no training
+        step was taken.  Global rank 0 only (the rank that made it), without collectives: the other ranks may be
+        failing elsewhere.  A failure inside ``ddp_spawn`` workers is left alone (their progress is not known here)."""
+        import shutil
+
+        from torch.multiprocessing.spawn import ProcessRaisedException
+
+        folder, self._made_run_folder = self._made_run_folder, None
+        trainer = getattr(self, "trainer", None)
+        if folder is None or trainer is None or not trainer.is_global_zero or trainer.global_step > 0:
+            return
+        if isinstance(exc, ProcessRaisedException):
+            return
+        try:
+            if os.path.isdir(folder) and _left_empty(folder):
+                shutil.rmtree(folder)
+        except OSError as e:  # never hide the command's own error
+            print(f"cloc-lightning: could not remove the run folder {folder} that the failed command made: {e}",
+                  file=sys.stderr, flush=True)
+
     def _resolve_ckpt_path(self) -> None:
         """``--ckpt_path last`` -> the run's newest ``last*.ckpt``; a resumed fit logs into the checkpoint's run folder."""
         cfg = self.config_init[self.subcommand]
@@ -629,9 +681,12 @@ class CLOCLightningCLI(LightningCLI):
         for cb in self.trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(cb, RunConfigSaver):
                 cb.resuming = resuming
+        # the checks that refuse a run come before its run folder is made: a refused run leaves none
         if self.subcommand != "fit":
-            self._require_weights(path)  # before the run folder is made: a refused run leaves none
-        _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
+            self._require_weights(path)
+        else:
+            check_trains_something(self.trainer, type(self.model).__name__)  # again at setup, for Python use
+        self._made_run_folder = _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
 
     def _require_weights(self, ckpt_path: str | None) -> None:
         """``validate``/``test``/``predict`` need trained weights: a ``--ckpt_path``, or an ``init_from`` that

@@ -104,7 +104,7 @@ def test_evaluation_commands_refuse_an_untrained_model(command: str, tmp_path: P
     err = capsys.readouterr().err
     assert f"{command} without trained weights: no --ckpt_path and no --model.init_from" in err, err
     assert "--ckpt_path <run folder>/checkpoints/<file>.ckpt" in err and "--model.init_from <checkpoint" in err
-    assert not (tmp_path / "runs" / "rec" / "version_0" / "predictions.csv").exists()
+    assert not (tmp_path / "runs" / "rec" / "version_0").exists()  # refused before the run folder is made (issue 42, item 9)
 
 
 def test_predict_with_init_from_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,3 +201,37 @@ def test_extending_a_finished_run_continues_the_schedule_over_the_new_total(
     assert [s for s, _ in RecordLR.used] == [2, 3]
     assert RecordLR.used[0][1] > 0.0
     assert dict(RecordLR.used) == {2: reference[2], 3: reference[3]}
+
+
+# ----------------------------------------------------------------------- refused and failed runs leave no folder (issue 42, item 9)
+class FailAtStep(L.Callback):
+    """Fails at the start of training step ``step`` (0: before any step, as a late data error)."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: object, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise OSError(f"broken.csv row {self.step}: missing.png does not exist")
+
+
+def test_refused_and_failed_runs_leave_no_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs" / "rec"
+    # refused at the trains-nothing check (was: in the module's setup, after config.yaml was written)
+    assert _exit_code(["fit", *ARGS, "--trainer.max_epochs", "0"]) == 1
+    assert not runs.exists() or not list(runs.iterdir())
+    # failed before its first step, after config.yaml and hparams.yaml were written: the folder it made goes
+    fail = ["--trainer.callbacks+=tests.cli.test_cli_records.FailAtStep"]
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail])
+    assert not runs.exists() or not list(runs.iterdir())
+    # failed after a step: what it wrote stays (a record of a run that trained), and so does a folder it did not make
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail, "--trainer.callbacks.init_args.step", "1"])
+    assert [p.name for p in runs.iterdir()] == ["version_0"] and (runs / "version_0" / "config.yaml").is_file()
+    (runs / "version_1").mkdir()
+    (runs / "version_1" / "job.log").write_text("a job script's own log")
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail, "--trainer.logger.init_args.version", "1"])
+    assert "job.log" in {p.name for p in (runs / "version_1").iterdir()}
