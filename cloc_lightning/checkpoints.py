@@ -312,14 +312,17 @@ INIT_FROM_HINT = (
 )
 
 
-def match_weights(module: nn.Module, path: str, exclude: Sequence[str] = ()) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
+def match_weights(
+    module: nn.Module, path: str, exclude: Sequence[str] = (), mmap: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
     """What ``init_from`` ``path`` would load into ``module``, without loading it: ``(tensors, report)``.
 
     The checks and the report of :func:`load_matching_weights` (which loads the tensors); used
-    on its own to see, before a run, which of the module's weights the file leaves at their
-    initialisation (``cloc-lightning test``/``predict`` refuse such a model).
+    on its own (``mmap=True``: the tensors are not read) to see, before a run, which of the
+    module's weights the file leaves at their initialisation (``cloc-lightning test``/``predict``
+    refuse such a model).
     """
-    ckpt = read_checkpoint(path, what="init_from checkpoint", hint=INIT_FROM_HINT)
+    ckpt = read_checkpoint(path, mmap=mmap, what="init_from checkpoint", hint=INIT_FROM_HINT)
     state = ckpt.get("state_dict", ckpt)
     if not isinstance(state, dict) or not any(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"init_from {path!r} is neither a Lightning checkpoint nor a state_dict of tensors")

@@ -516,7 +516,7 @@ class BaseModule(L.LightningModule):
 
         A subclass that overrides :meth:`load_weights` to skip other keys overrides this too.
         """
-        return match_weights(self, path, exclude=tuple(self.init_from_exclude))[1]
+        return match_weights(self, path, exclude=tuple(self.init_from_exclude), mmap=True)[1]
 
     def evaluation_keys(self) -> list[str]:
         """The ``state_dict`` keys that ``validate``/``test``/``predict`` read: all but :attr:`training_only_prefixes`.

@@ -273,7 +273,7 @@ class OrdinalRegressionModule(ClassifierModule):
         """:meth:`load_weights`'s report without loading (the head's keys are missing unless the file has this head)."""
         if self._head_writer(path) is None:
             return super().init_from_report(path)
-        return match_weights(self, path, exclude=(*type(self).init_from_exclude, self.head_prefix))[1]
+        return match_weights(self, path, exclude=(*type(self).init_from_exclude, self.head_prefix), mmap=True)[1]
 
     def load_weights(self, path: str) -> dict[str, list[str]]:
         """``init_from``: the base's matching weights, the head's only from this module with the same ``head``.
