@@ -811,16 +811,19 @@ def _check_trains_more(trainer: Any, given: Any, path: str) -> None:
     end of ``max_epochs`` or ``max_steps`` (Lightning would stop at once, then test and log into the run again)."""
     epochs, step, _ = checkpoint_progress(path)
     max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    ends, fixes = [], []
     if max_steps is not None and max_steps >= 0 and step >= max_steps:
-        end, fix = f"global step {step} of max_steps {max_steps}", f"--trainer.max_steps {step + 1} or more"
-    elif max_epochs is not None and max_epochs >= 0 and epochs >= max_epochs:
-        end, fix = f"epoch {epochs} of max_epochs {max_epochs}", f"--trainer.max_epochs {epochs + 1} or more"
-    else:
+        ends.append(f"global step {step} of max_steps {max_steps}")
+        fixes.append(f"--trainer.max_steps {step + 1} or more")
+    if max_epochs is not None and max_epochs >= 0 and epochs >= max_epochs:
+        ends.append(f"epoch {epochs} of max_epochs {max_epochs}")
+        fixes.append(f"--trainer.max_epochs {epochs + 1} or more")
+    if not ends:
         return
     raise RunFinishedError(
-        f"--ckpt_path {given}: {path} is the end of its run ({end}), so this fit would train nothing; to train "
-        f"longer give {fix} (the learning-rate schedule then spans the new total: docs/cli.md), or evaluate it with "
-        f"`cloc-lightning test --ckpt_path {path}` (same config)"
+        f"--ckpt_path {given}: {path} is the end of its run ({', '.join(ends)}), so this fit would train nothing; to "
+        f"train longer give {' and '.join(fixes)} (the learning-rate schedule then spans the new total: docs/cli.md), "
+        f"or evaluate it with `cloc-lightning test --ckpt_path {path}` (same config)"
     )
 
 
