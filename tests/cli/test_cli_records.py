@@ -1,6 +1,8 @@
 """Run records through the real CLI (in-process): a run folder's ``config.yaml`` is written once, by the run
 that owns it; a resumed fit appends ``config.resume-N.yaml``; a new run into a folder holding records is
-refused before it writes anything; ``validate``/``test``/``predict`` refuse to run without trained weights."""
+refused before it writes anything; ``validate``/``test``/``predict`` refuse to run without trained weights (an
+``init_from`` that leaves a head untrained included); a finished run is not resumed; refused and failed runs leave no
+run folder; a finished run extended with a larger ``max_epochs`` continues its schedule over the new total."""
 
 from __future__ import annotations
 
