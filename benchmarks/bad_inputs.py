@@ -530,6 +530,137 @@ CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
 }
 
 
+# --------------------------------------------------------------------------------------------- issue 42, items 1, 2, 9, 14
+# (one block: the cases, their verdicts and their CASES entries).  verdict: "good" = refused or warned with one line
+# naming the fix; "silent" = exit 0 with a result that is not one (or records lost / left behind); "buried" = the cause
+# is not in one line, or lost in a traceback.
+def _one_line_verdict(o: Outcome, *needles: str) -> str:
+    """``good`` when one stderr line holds every needle and there is no traceback, ``silent`` on exit 0, else ``buried``."""
+    if o.rc == 0:
+        return "silent"
+    lines = o.stderr.splitlines()
+    if "Traceback" not in o.stderr and any(all(n in ln for n in needles) for ln in lines):
+        return "good"
+    return "buried"
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+def _with_verdict(o: Outcome, note: str, verdict: str) -> dict[str, Any]:
+    return {**_fmt(o, f"{note} [verdict: {verdict}]"), "verdict": verdict}
+
+
+_CE = {"class_path": "cloc_lightning.methods.CEModule", "init_args": {"num_classes": 4, **TINY}}
+
+
+def _with_model(path: Path, model: dict[str, Any], name: str) -> Path:
+    """The config ``path`` with another ``model:`` (and logger name), written next to it as ``<name>.yaml``."""
+    cfg = yaml.safe_load(path.read_text())
+    cfg["model"] = model
+    cfg["trainer"]["logger"]["init_args"]["name"] = name
+    out = path.parent / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def case_predict_corn_init_from_ce(a: Audit) -> dict[str, Any]:
+    ce = _with_model(_cfg(a.work, "base", trainer={"max_epochs": 1}), _CE, "ce_src")
+    out = a.cli("fit", "--config", str(ce))
+    assert out.rc == 0, out.stderr[-2000:]
+    ckpt = sorted((a.work / "runs" / "ce_src").glob("version_*/checkpoints/last.ckpt"))[-1]
+    corn = _with_model(ce, {"class_path": "cloc_lightning.methods.OrdinalRegressionModule",
+                            "init_args": {"num_classes": 4, "head": "corn", **TINY}}, "corn")
+    for i in range(4):
+        _jpeg(a.work / "pred" / f"p{i}.jpg", i)
+    o = a.cli("predict", "--config", str(corn), "--model.init_args.init_from", str(ckpt),
+              "--data.init_args.predict_root", str(a.work / "pred"))
+    wrote = list((a.work / "runs" / "corn").glob("version_*/predictions.csv"))
+    verdict = "silent" if wrote else _one_line_verdict(o, "predict with --model.init_from", "head.*", "--ckpt_path")
+    return _with_verdict(o, "predictions.csv from an untrained CORN head" if wrote else "no predictions written", verdict)
+
+
+def case_test_cloc_init_from_supcon(a: Audit) -> dict[str, Any]:
+    views = {"class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
+        "num_classes": 4, "train_size": 32, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0,
+        "image_size": 32, "train_views": {"class_path": "cloc_lightning.data.SupConViews", "init_args": {"n_views": 2}}}}
+    supcon = {"class_path": "cloc_lightning.methods.SupConModule", "init_args": {**TINY}}
+    cfg = _with_model(_cfg(a.work, "base", data=views, trainer={"max_epochs": 1}), supcon, "supcon_src")
+    out = a.cli("fit", "--config", str(cfg))
+    assert out.rc == 0, out.stderr[-2000:]
+    ckpt = sorted((a.work / "runs" / "supcon_src").glob("version_*/checkpoints/last.ckpt"))[-1]
+    o = a.cli("test", "--config", str(_cfg(a.work, "cloc_test")), "--model.init_args.init_from", str(ckpt))
+    scored = "test/mae" in o.stdout or "test/qwk" in o.stdout
+    verdict = "silent" if scored else _one_line_verdict(o, "test with --model.init_from", "head.*", "--ckpt_path")
+    return _with_verdict(o, "test metrics of an untrained head" if scored else "not scored", verdict)
+
+
+def case_resume_finished_run(a: Audit) -> dict[str, Any]:
+    a.trained("finished", extra=("--test_after_fit", "true"))
+    run = _run_dir(a.work, "finished")
+    before = _files(a.work / "runs" / "finished")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "finished")), "--ckpt_path", "last", "--test_after_fit", "true")
+    changed = sorted(k for k, v in _files(a.work / "runs" / "finished").items() if before.get(k) != v)
+    tested = "test/" in o.stdout
+    note = f"{'tested again; ' if tested else ''}records {'changed: ' + ', '.join(changed[:4]) if changed else 'untouched'}"
+    verdict = ("silent" if changed or tested else
+               _one_line_verdict(o, "end of its run", "epoch 2 of max_epochs 2", "--trainer.max_epochs 3"))
+    return _with_verdict(o, f"{run.name}: {note}", verdict)
+
+
+def case_extend_finished_run_lr(a: Audit) -> dict[str, Any]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = _cfg(a.work, "extend", trainer={"max_epochs": 1})
+    a.trained("extend", trainer={"max_epochs": 1})
+    o = a.cli("fit", "--config", str(cfg), "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    lrs: dict[int, float] = {}
+    for f in sorted(_run_dir(a.work, "extend").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        tags = [t for t in acc.Tags()["scalars"] if t.startswith("lr-")]
+        if tags:
+            lrs.update({e.step: e.value for e in acc.Scalars(sorted(tags)[0])})
+    steps = sorted(lrs)
+    first_new = lrs.get(2)  # 2 steps per epoch: step 2 is the first step of the extension
+    note = f"LR per step {[round(lrs[k], 6) for k in steps]}"
+    if o.rc != 0 or first_new is None:
+        return _with_verdict(o, note + " (no resumed step logged)", "buried")
+    return _with_verdict(o, note, "silent" if first_new == 0.0 else "good")
+
+
+def case_refused_and_failed_runs_leave_no_folder(a: Audit) -> dict[str, Any]:
+    for i in range(4):
+        _jpeg(a.work / "pred" / f"p{i}.jpg", i)
+    cfg = str(_cfg(a.work, "left"))
+    labels = [str(i % 4) for i in range(24)]
+    missing = str(_cfg(a.work, "left_csv", data=_csv_data(a.work, labels, missing=1)))
+    runs = [
+        a.cli("predict", "--config", cfg, "--data.init_args.predict_root", str(a.work / "pred")),
+        a.cli("fit", "--config", cfg, "--trainer.max_epochs", "0"),
+        a.cli("fit", "--config", missing, "--trainer.logger.init_args.name", "left"),
+    ]
+    folders = sorted((a.work / "runs" / "left").glob("version_*"))
+    empty = [f.name for f in folders if not list(f.glob("checkpoints/*.ckpt")) and not list(f.glob("predictions*.csv"))]
+    worst = "good"
+    for o in runs:
+        v = _one_line_verdict(o, "error")
+        worst = v if v != "good" else worst
+    verdict = "silent" if empty else worst
+    note = f"3 refused/failed commands; run folders left without a result: {empty or 'none'}"
+    return _with_verdict(runs[-1], note, verdict)
+
+
+CASES.update({
+    "predict: CORN config, --model.init_from <CE last.ckpt>": case_predict_corn_init_from_ce,
+    "test: CLOC config, --model.init_from <SupCon last.ckpt>": case_test_cloc_init_from_supcon,
+    "--ckpt_path last on a finished run": case_resume_finished_run,
+    "finished run extended with --trainer.max_epochs 2 (LR)": case_extend_finished_run_lr,
+    "refused and failed runs leave no version_N folder": case_refused_and_failed_runs_leave_no_folder,
+})
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose cloc_lightning is run (default: this one)")

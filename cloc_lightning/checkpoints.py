@@ -54,6 +54,7 @@ __all__ = [
     "read_checkpoint",
     "INIT_FROM_HINT",
     "load_matching_weights",
+    "match_weights",
 ]
 
 #: checkpoint entry written by :func:`module_record`
@@ -311,16 +312,17 @@ INIT_FROM_HINT = (
 )
 
 
-def load_matching_weights(module: nn.Module, path: str, exclude: Sequence[str] = ()) -> dict[str, list[str]]:
-    """Load the weights of the checkpoint (or ``state_dict`` file) ``path`` that ``module`` has too (``init_from``).
+def match_weights(
+    module: nn.Module, path: str, exclude: Sequence[str] = (), mmap: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
+    """What ``init_from`` ``path`` would load into ``module``, without loading it: ``(tensors, report)``.
 
-    Weights only: no optimiser state, epoch or hyper-parameters.  Keys starting with a prefix
-    in ``exclude`` are skipped; a key present in both with a different shape is an error, and
-    so is a file that shares no weight with ``module``.  Returns ``{'loaded', 'missing',
-    'unexpected'}`` (key lists: loaded; in ``module`` but not loaded; in the file but not in
-    ``module``).
+    The checks and the report of :func:`load_matching_weights` (which loads the tensors); used
+    on its own (``mmap=True``: the tensors are not read) to see, before a run, which of the
+    module's weights the file leaves at their initialisation (``cloc-lightning test``/``predict``
+    refuse such a model).
     """
-    ckpt = read_checkpoint(path, what="init_from checkpoint", hint=INIT_FROM_HINT)
+    ckpt = read_checkpoint(path, mmap=mmap, what="init_from checkpoint", hint=INIT_FROM_HINT)
     state = ckpt.get("state_dict", ckpt)
     if not isinstance(state, dict) or not any(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"init_from {path!r} is neither a Lightning checkpoint nor a state_dict of tensors")
@@ -332,10 +334,23 @@ def load_matching_weights(module: nn.Module, path: str, exclude: Sequence[str] =
         raise ValueError(f"init_from {path!r} does not fit this model (shape mismatch): {bad[:5]}")
     if not take:
         raise ValueError(f"init_from {path!r} shares no weights with {type(module).__name__} (keys like {list(state)[:3]})")
-    module.load_state_dict(take, strict=False)
     missing = [k for k in own if k not in take and not k.startswith(skip)]
     unexpected = [k for k in state if k not in own]
-    return {"loaded": list(take), "missing": missing, "unexpected": unexpected}
+    return take, {"loaded": list(take), "missing": missing, "unexpected": unexpected}
+
+
+def load_matching_weights(module: nn.Module, path: str, exclude: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Load the weights of the checkpoint (or ``state_dict`` file) ``path`` that ``module`` has too (``init_from``).
+
+    Weights only: no optimiser state, epoch or hyper-parameters.  Keys starting with a prefix
+    in ``exclude`` are skipped; a key present in both with a different shape is an error, and
+    so is a file that shares no weight with ``module``.  Returns ``{'loaded', 'missing',
+    'unexpected'}`` (key lists: loaded; in ``module`` but not loaded; in the file but not in
+    ``module``).
+    """
+    take, report = match_weights(module, path, exclude)
+    module.load_state_dict(take, strict=False)
+    return report
 
 
 def _prefixes(keys: Sequence[str]) -> list[str]:

@@ -45,6 +45,7 @@ import cloc_lightning.data  # registers the data modules (also imported for Base
 import cloc_lightning.methods  # noqa: F401  (registers the modules)
 from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks import PredictionWriter
+from cloc_lightning.callbacks.finite import check_trains_something
 from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
 from cloc_lightning.checkpoints import import_class, read_checkpoint
 from cloc_lightning.commands import COMMANDS
@@ -55,10 +56,10 @@ from cloc_lightning.distributed import release_process_group
 from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.nn.pretrained import normalization_mismatch
-from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
+from cloc_lightning.resume import checkpoint_position, checkpoint_progress, find_last_checkpoint
 
 __all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
-           "main", "packaged_config_fallback", "REQUIRED_MARK",
+           "RunFinishedError", "main", "packaged_config_fallback", "REQUIRED_MARK",
            "required_placeholders", "check_required_placeholders"]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -121,6 +122,10 @@ class RunFolderInUseError(FileExistsError):
 
 class MissingWeightsError(ValueError):
     """``validate``/``test``/``predict`` without trained weights (no ``--ckpt_path``, no ``init_from``)."""
+
+
+class RunFinishedError(ValueError):
+    """``fit --ckpt_path`` from a checkpoint at the end of the run's ``max_epochs``/``max_steps``: it would train nothing."""
 
 
 class RunFolderError(NotADirectoryError):
@@ -498,34 +503,53 @@ def _run_records(folder: str) -> list[str]:
     return sorted(n for n in os.listdir(folder) if any(fnmatch.fnmatch(n, p) for p in _RECORD_PATTERNS))
 
 
-def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
+#: what a run that failed before its first step may have written into the folder it made (nothing of a result)
+_EMPTY_RUN_PATTERNS = ("config*.yaml", "hparams.yaml", "events.out.tfevents.*", "metrics.csv")
+
+
+def _left_empty(folder: str) -> bool:
+    """Whether ``folder`` holds only what a run writes before it has a result (its config, hyper-parameters, the
+    loggers' first files, an empty ``checkpoints`` folder): no checkpoint, prediction, plot or file of anyone else."""
+    import fnmatch
+
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name != "checkpoints" or os.listdir(entry.path):
+                return False
+        elif not any(fnmatch.fnmatch(entry.name, p) for p in _EMPTY_RUN_PATTERNS):
+            return False
+    return True
+
+
+def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> str | None:
     """Before anything is written: the run folder can be written and, for a new run, holds no other run's records.
 
     An automatically numbered folder that another run took meanwhile (two runs started at once)
     moves this run to the next free number: the folder is created with ``mkdir``, which only one
     process can do.  A pinned ``--trainer.logger.init_args.version`` whose folder holds files is
-    refused (:class:`RunFolderInUseError`).  Runs on global rank 0 only.
+    refused (:class:`RunFolderInUseError`).  Runs on global rank 0 only.  Returns the folder when this
+    call made it (a run that fails before its first step removes it again: :meth:`CLOCLightningCLI._run_subcommand`).
     """
     loggers = _versioned_loggers(trainer)
     if not trainer.is_global_zero or not loggers:
-        return
+        return None
     logger = loggers[0]
     for _ in range(1000):
         log_dir = str(logger.log_dir)
         _check_save_dir(os.path.dirname(log_dir))
         if resuming:
             _check_save_dir(log_dir)
-            return
+            return None
         try:
             os.mkdir(log_dir)
-            return
+            return log_dir
         except FileExistsError:
             pass
         if not os.path.isdir(log_dir):
             raise RunFolderError(f"logger run folder {log_dir} is a file; remove it or pick another version")
         held = _run_records(log_dir)
         if not held:
-            return  # no run's records (empty, or only files of your own, e.g. a job script's log)
+            return None  # no run's records (empty, or only files of your own, e.g. a job script's log)
         if pinned:
             shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
             raise RunFolderInUseError(
@@ -543,6 +567,8 @@ class CLOCLightningCLI(LightningCLI):
 
     def __init__(self, *pos: Any, **kwargs: Any) -> None:
         self._num_classes_from_checkpoint = False
+        #: the run folder this command made (global rank 0), removed again if the command fails before a result
+        self._made_run_folder: str | None = None
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
@@ -647,6 +673,36 @@ class CLOCLightningCLI(LightningCLI):
         return super().instantiate_trainer(**{**_integer_batch_limits(cfg, self._raw_args), **kwargs})
 
     # ------------------------------------------------------------------ subcommands
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's ``before_<cmd>``, the Trainer command and ``after_<cmd>``; a command that fails before any
+        result removes the run folder it made (:meth:`_remove_run_folder_left_empty`) and re-raises."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as e:
+            self._remove_run_folder_left_empty(e)
+            raise
+
+    def _remove_run_folder_left_empty(self, exc: BaseException) -> None:
+        """Remove the run folder this command made when it holds no result (:func:`_left_empty`) and no training
+        step was taken.  Global rank 0 only (the rank that made it), without collectives: the other ranks may be
+        failing elsewhere.  A failure inside ``ddp_spawn`` workers is left alone (their progress is not known here)."""
+        import shutil
+
+        from torch.multiprocessing.spawn import ProcessRaisedException
+
+        folder, self._made_run_folder = self._made_run_folder, None
+        trainer = getattr(self, "trainer", None)
+        if folder is None or trainer is None or not trainer.is_global_zero or trainer.global_step > 0:
+            return
+        if isinstance(exc, ProcessRaisedException):
+            return
+        try:
+            if os.path.isdir(folder) and _left_empty(folder):
+                shutil.rmtree(folder)
+        except OSError as e:  # never hide the command's own error
+            print(f"cloc-lightning: could not remove the run folder {folder} that the failed command made: {e}",
+                  file=sys.stderr, flush=True)
+
     def _resolve_ckpt_path(self) -> None:
         """``--ckpt_path last`` -> the run's newest ``last*.ckpt``; a resumed fit logs into the checkpoint's run folder."""
         cfg = self.config_init[self.subcommand]
@@ -658,6 +714,7 @@ class CLOCLightningCLI(LightningCLI):
                 _print0(self.trainer, "--ckpt_path last: no last checkpoint found for this run; training starts from scratch")
             cfg["ckpt_path"] = path
         if path and os.path.isfile(path) and self.subcommand == "fit":
+            _check_trains_more(self.trainer, given, path)  # before the run folder and its records are touched
             # a resumed fit continues its run folder (validate/test/predict log into a new one and
             # never overwrite the training run's config.yaml)
             version = _version_folder_of(self.trainer, path)
@@ -671,25 +728,52 @@ class CLOCLightningCLI(LightningCLI):
         for cb in self.trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(cb, RunConfigSaver):
                 cb.resuming = resuming
-        _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
+        # the checks that refuse a run come before its run folder is made: a refused run leaves none
         if self.subcommand != "fit":
             self._require_weights(path)
+        else:
+            check_trains_something(self.trainer, type(self.model).__name__)  # again at setup, for Python use
+        self._made_run_folder = _claim_run_folder(self.trainer, pinned=pinned, resuming=resuming)
 
     def _require_weights(self, ckpt_path: str | None) -> None:
-        """``validate``/``test``/``predict`` need trained weights: a ``--ckpt_path`` or the model's ``init_from``.
+        """``validate``/``test``/``predict`` need trained weights: a ``--ckpt_path``, or an ``init_from`` that
+        loads every weight the command reads.
 
         Without either, the model is the randomly initialised one (a ``pretrained`` backbone
         still has an untrained head), and its metrics or predictions would look like results.
+        An ``init_from`` checkpoint of another module (a SupCon encoder for a CLOC model, a CE
+        model for a CORN one) leaves the head at its initialisation: refused too, naming what
+        is missing (:meth:`~cloc_lightning.methods.base.BaseModule.init_from_report` against
+        :meth:`~cloc_lightning.methods.base.BaseModule.evaluation_keys`).
         """
         hparams = getattr(self.model, "hparams", None) or {}
-        if ckpt_path or hparams.get("init_from"):
+        init_from = hparams.get("init_from")
+        if ckpt_path:
             return
         sub = self.subcommand
         what = "predictions" if sub == "predict" else "metrics"
+        if not init_from:
+            raise MissingWeightsError(
+                f"{sub} without trained weights: no --ckpt_path and no --model.init_from, so the model is the untrained, "
+                f"randomly initialised one and its {what} mean nothing; give --ckpt_path <run folder>/checkpoints/<file>.ckpt "
+                "(a checkpoint of this model) or --model.init_from <checkpoint or state_dict file>"
+            )
+        report = getattr(self.model, "init_from_report", None)
+        needed = getattr(self.model, "evaluation_keys", None)
+        if not callable(report) or not callable(needed):
+            return  # not a BaseModule: its init_from is its own
+        loaded = set(report(init_from)["loaded"])
+        keys = needed()
+        untrained = [k for k in keys if k not in loaded]
+        if not untrained:
+            return
+        name = type(self.model).__name__
+        groups = _key_groups(untrained)
         raise MissingWeightsError(
-            f"{sub} without trained weights: no --ckpt_path and no --model.init_from, so the model is the untrained, "
-            f"randomly initialised one and its {what} mean nothing; give --ckpt_path <run folder>/checkpoints/<file>.ckpt "
-            "(a checkpoint of this model) or --model.init_from <checkpoint or state_dict file>"
+            f"{sub} with --model.init_from {init_from}: {', '.join(groups)} not in it ({len(untrained)} of the {len(keys)} "
+            f"tensors {name} evaluates with), so its {what} would come from an untrained {', '.join(groups)}; give "
+            f"--ckpt_path <a checkpoint of {name}> (fit first, e.g. with this --model.init_from), or an init_from "
+            f"checkpoint of {name}"
         )
 
     def _before_subcommand(self) -> None:
@@ -781,6 +865,32 @@ def _check_ckpt_path_exists(ckpt_path: Any) -> None:
     if os.path.isdir(ckpt_path):
         raise IsADirectoryError(f"--ckpt_path {ckpt_path}: is a folder; give a .ckpt file in it "
                                 f"({', '.join(sorted(os.listdir(ckpt_path))[:4]) or 'it is empty'})")
+
+
+def _check_trains_more(trainer: Any, given: Any, path: str) -> None:
+    """Raise :class:`RunFinishedError` when a fit resumed from ``path`` would train nothing: the checkpoint is at the
+    end of ``max_epochs`` or ``max_steps`` (Lightning would stop at once, then test and log into the run again)."""
+    epochs, step, _ = checkpoint_progress(path)
+    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    ends, fixes = [], []
+    if max_steps is not None and max_steps >= 0 and step >= max_steps:
+        ends.append(f"global step {step} of max_steps {max_steps}")
+        fixes.append(f"--trainer.max_steps {step + 1} or more")
+    if max_epochs is not None and max_epochs >= 0 and epochs >= max_epochs:
+        ends.append(f"epoch {epochs} of max_epochs {max_epochs}")
+        fixes.append(f"--trainer.max_epochs {epochs + 1} or more")
+    if not ends:
+        return
+    raise RunFinishedError(
+        f"--ckpt_path {given}: {path} is the end of its run ({', '.join(ends)}), so this fit would train nothing; to "
+        f"train longer give {' and '.join(fixes)} (the learning-rate schedule then spans the new total: docs/cli.md), "
+        f"or evaluate it with `cloc-lightning test --ckpt_path {path}` (same config)"
+    )
+
+
+def _key_groups(keys: Iterable[str]) -> list[str]:
+    """``['head.*', 'probe.*']``: the first name of each ``state_dict`` key, in order."""
+    return list(dict.fromkeys(f"{k.split('.', 1)[0]}.*" if "." in k else k for k in keys))
 
 
 def _print0(trainer: Any, message: str) -> None:

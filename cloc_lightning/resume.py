@@ -19,7 +19,13 @@ callback states.  What they lack, and where this module puts it back:
 * **the global generators** (torch CPU/CUDA, NumPy, Python ``random``: dropout masks and
   anything else drawn in the training step) -- :class:`ResumeState` stores them in every
   checkpoint (:func:`collect_rng_states`) and restores them at ``on_train_start`` of the
-  resumed fit (:func:`set_rng_states`).
+  resumed fit (:func:`set_rng_states`);
+* **the schedule of an extended run** -- a finished run resumed with a larger
+  ``--trainer.max_epochs`` (or ``max_steps``) restores the learning rate at which the old
+  schedule ended (0.0 at a cosine's end); :class:`ResumeState` sets the rates of the
+  schedule over the *new* total at the resumed step before the first step
+  (:meth:`~cloc_lightning.methods.optim.ScheduleLR.continue_at_resumed_step`; the same
+  values as the checkpoint's when the total is unchanged).
 
 Under DDP each process's share of epoch ``e``'s order comes from :class:`DistributedEpochShuffleSampler`
 (the same ``(seed, e)`` permutation, dealt out as Lightning's ``DistributedSampler`` does), so a
@@ -63,6 +69,7 @@ __all__ = [
     "ResumeState",
     "find_last_checkpoint",
     "checkpoint_position",
+    "checkpoint_progress",
 ]
 
 
@@ -323,6 +330,10 @@ class ResumeState(Callback):
                 loader.load_state_dict(state)  # idempotent if Lightning has already done it
         if pending.get("rng") is not None:
             set_rng_states(pending["rng"])
+        for config in trainer.lr_scheduler_configs:  # a run extended beyond its old total: the new total's rates
+            continue_schedule = getattr(config.scheduler, "continue_at_resumed_step", None)
+            if callable(continue_schedule):
+                continue_schedule()
 
 
 # ------------------------------------------------------------ which checkpoint
@@ -352,6 +363,24 @@ def find_last_checkpoint(trainer: Any) -> str | None:
         f for d in folders for f in glob.glob(os.path.join(glob.escape(d), "last*.ckpt")) if os.path.isfile(f)
     ]
     return max(candidates, key=os.path.getmtime) if candidates else None
+
+
+def checkpoint_progress(path: str) -> tuple[int, int, bool]:
+    """``(epochs finished, global step, mid-epoch)`` of a checkpoint: where a fit resumed from it starts.
+
+    ``mid-epoch`` is ``True`` for a checkpoint written inside an epoch (the resumed fit
+    continues that epoch, which is not counted as finished).
+    """
+    ckpt = read_checkpoint(path, mmap=True, what="checkpoint", hint="give an existing .ckpt file")
+    epoch, step = int(ckpt.get("epoch") or 0), int(ckpt.get("global_step") or 0)
+    try:
+        loop = ckpt["loops"]["fit_loop"]
+        finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
+            loop["epoch_progress"]["current"]["processed"]
+        ) > epoch
+    except (KeyError, TypeError, ValueError):
+        return epoch, step, True  # no loop state: Lightning restarts epoch ``epoch``
+    return (epoch + 1, step, False) if finished else (epoch, step, True)
 
 
 def checkpoint_position(path: str) -> str:

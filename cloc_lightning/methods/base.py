@@ -62,6 +62,7 @@ from cloc_lightning.checkpoints import (
     check_checkpoint,
     encoder_metadata,
     load_matching_weights,
+    match_weights,
     module_record,
 )
 from cloc_lightning.data_contract import DataInfo, datamodule_info
@@ -188,6 +189,9 @@ class BaseModule(L.LightningModule):
     hparams_ignore: ClassVar[tuple[str, ...]] = ()
     #: state_dict key prefixes that ``init_from`` never loads
     init_from_exclude: ClassVar[tuple[str, ...]] = ()
+    #: state_dict key prefixes that validation, test and predict never read (what only the training loss uses);
+    #: ``test``/``predict`` with an ``init_from`` that leaves any other weight untrained are refused
+    training_only_prefixes: ClassVar[tuple[str, ...]] = ()
     #: attributes holding image encoders (``[B, 3, H, W] -> features``) that ``compile_backbone`` and ``channels_last`` apply to
     backbone_modules: ClassVar[tuple[str, ...]] = ("backbone",)
 
@@ -516,6 +520,23 @@ class BaseModule(L.LightningModule):
             print(f"init_from {path}: loaded {len(take)} tensors; not in the checkpoint: {len(missing)} {missing[:5]}; "
                   f"ignored from the checkpoint: {len(unexpected)} {unexpected[:5]}")
         return report
+
+    def init_from_report(self, path: str) -> dict[str, list[str]]:
+        """What :meth:`load_weights` would load from ``path``, without loading it: ``{'loaded', 'missing', 'unexpected'}``.
+
+        A subclass that overrides :meth:`load_weights` to skip other keys overrides this too.
+        """
+        return match_weights(self, path, exclude=tuple(self.init_from_exclude), mmap=True)[1]
+
+    def evaluation_keys(self) -> list[str]:
+        """The ``state_dict`` keys that ``validate``/``test``/``predict`` read: all but :attr:`training_only_prefixes`.
+
+        The CLI refuses those commands with an ``init_from`` that leaves one of them at its
+        initialisation (:meth:`init_from_report`).  A module that builds weights at ``setup``
+        (after ``init_from`` is applied) adds their names.
+        """
+        skip = tuple(self.training_only_prefixes)
+        return [k for k in self.state_dict() if not (skip and k.startswith(skip))]
 
     # ---------------------------------------------------------------- helpers
     def training_gathers(self) -> AbstractContextManager[None]:

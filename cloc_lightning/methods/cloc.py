@@ -69,6 +69,8 @@ class CLOCModule(ClassifierModule):
 
     #: weights of the CLOC criterion never come from ``init_from`` (phase two sets its own margins)
     init_from_exclude = ("cloc_loss.",)
+    #: the margins and the projector of ``cloc_on: features`` serve the CLOC loss only (evaluation reads backbone + head)
+    training_only_prefixes = ("cloc_loss.", "projector.")
 
     def __init__(
         self,

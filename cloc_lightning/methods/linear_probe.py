@@ -101,6 +101,10 @@ class LinearProbeModule(ClassifierModule):
     #: the stage-one encoder weights between :meth:`prepare_build` and their loading in ``__init__``
     _stage_one: EncoderCheckpoint | None
 
+    def evaluation_keys(self) -> list[str]:
+        """The base's keys but the encoder's: it comes from ``encoder_ckpt`` (loaded in ``__init__``), not ``init_from``."""
+        return [k for k in super().evaluation_keys() if not k.startswith("backbone.")]
+
     def __init__(
         self,
         encoder_ckpt: str | None = None,

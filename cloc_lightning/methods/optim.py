@@ -38,6 +38,7 @@ __all__ = [
     "lr_factor",
     "has_lr_schedule",
     "build_lr_scheduler",
+    "ScheduleLR",
 ]
 
 OptimizerName = Literal["adam", "adamw", "sgd", "radam"]
@@ -220,6 +221,30 @@ def has_lr_schedule(hparams: Mapping[str, Any]) -> bool:
     return not (hparams["scheduler"] == "none" and hparams["warmup_epochs"] == 0)
 
 
+class ScheduleLR(torch.optim.lr_scheduler.LambdaLR):
+    """The ``LambdaLR`` of :func:`build_lr_scheduler`: its factor follows the Trainer's step counts of *this* fit.
+
+    A fit resumed with ``--ckpt_path`` restores the optimiser's learning rates as the
+    checkpoint left them: the rate of the resumed step under the *old* total.  When the
+    resumed fit has another total (a finished run extended with a larger
+    ``--trainer.max_epochs``), :meth:`continue_at_resumed_step` (called by
+    :class:`~cloc_lightning.resume.ResumeState` before the first resumed step) sets each
+    group's rate to the schedule's value at the resumed step over the new total, so the
+    schedule spans the whole extended run and continues from where it stands; with the same
+    total it sets the values the checkpoint holds (an exact resume stays exact).
+    """
+
+    def continue_at_resumed_step(self) -> None:
+        """Set each parameter group's rate to ``base_lr * factor(last_epoch)`` (this fit's schedule at the current step)."""
+        groups = self.optimizer.param_groups
+        if not (len(groups) == len(self.lr_lambdas) == len(self.base_lrs)):
+            return  # groups changed since the schedule was built (e.g. a removed margin group): left as restored
+        values = [base * fn(self.last_epoch) for fn, base in zip(self.lr_lambdas, self.base_lrs, strict=True)]
+        for group, value in zip(groups, values, strict=True):
+            group["lr"] = value
+        self._last_lr = values
+
+
 def build_lr_scheduler(
     optimizer: torch.optim.Optimizer, hparams: Mapping[str, Any], trainer: L.Trainer
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -248,4 +273,4 @@ def build_lr_scheduler(
             interval=h["lr_interval"], warmup_start=warmup_start, max_epochs=max_epochs,
         )
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return ScheduleLR(optimizer, factor)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torchmetrics import MetricCollection
 
-from cloc_lightning.checkpoints import INIT_FROM_HINT, MODULE_META_KEY, read_checkpoint
+from cloc_lightning.checkpoints import INIT_FROM_HINT, MODULE_META_KEY, match_weights, read_checkpoint
 from cloc_lightning.checks import DeferredChecks
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.ordinal_regression import (
@@ -261,18 +261,29 @@ class OrdinalRegressionModule(ClassifierModule):
         own = f"{OrdinalRegressionModule.__module__}.{OrdinalRegressionModule.__qualname__}"
         return own in lineage or class_path in (own, "cloc_lightning.methods.OrdinalRegressionModule")
 
+    def _head_writer(self, path: str) -> str | None:
+        """``None`` when ``path`` holds a head of this module's kind, else what wrote it (for messages; may be empty)."""
+        checkpoint = read_checkpoint(path, mmap=True, what="init_from checkpoint", hint=INIT_FROM_HINT)
+        hparams = checkpoint.get("hyper_parameters") or {}
+        if self._written_by_this_method(checkpoint) and hparams.get("head") == self.hparams.head:
+            return None
+        return str((checkpoint.get(MODULE_META_KEY) or {}).get("class_path") or hparams.get("_class_path") or "")
+
+    def init_from_report(self, path: str) -> dict[str, list[str]]:
+        """:meth:`load_weights`'s report without loading (the head's keys are missing unless the file has this head)."""
+        if self._head_writer(path) is None:
+            return super().init_from_report(path)
+        return match_weights(self, path, exclude=(*type(self).init_from_exclude, self.head_prefix), mmap=True)[1]
+
     def load_weights(self, path: str) -> dict[str, list[str]]:
         """``init_from``: the base's matching weights, the head's only from this module with the same ``head``.
 
         From a CE / CLOC / SimCLR / other checkpoint (or a plain ``state_dict``), the keys under
         :attr:`head_prefix` are skipped and the head keeps its initialisation (said on stdout).
         """
-        checkpoint = read_checkpoint(path, mmap=True, what="init_from checkpoint", hint=INIT_FROM_HINT)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        if self._written_by_this_method(checkpoint) and hparams.get("head") == self.hparams.head:
+        writer = self._head_writer(path)
+        if writer is None:
             return super().load_weights(path)
-        writer = str((checkpoint.get(MODULE_META_KEY) or {}).get("class_path") or hparams.get("_class_path") or "")
-        del checkpoint
         # instance attribute over the class's init_from_exclude, for this one call
         self.__dict__["init_from_exclude"] = (*type(self).init_from_exclude, self.head_prefix)
         try:

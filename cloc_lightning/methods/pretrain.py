@@ -121,6 +121,13 @@ class PretrainModule(BaseModule):
             self.hparams["num_classes"] = self.online_eval.num_classes
             self.hparams["task"] = self.online_eval.task
 
+    def evaluation_keys(self) -> list[str]:
+        """The base's keys, plus the online probe's when it is built at :meth:`setup` (after ``init_from`` is applied)."""
+        keys = super().evaluation_keys()
+        if self.probe is None and self.online_eval.enabled:
+            keys.append("probe.<built at setup>")
+        return keys
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Forget the kNN bank: its features belong to the weights before the load."""
         super().on_load_checkpoint(checkpoint)

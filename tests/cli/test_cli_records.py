@@ -1,10 +1,13 @@
 """Run records through the real CLI (in-process): a run folder's ``config.yaml`` is written once, by the run
 that owns it; a resumed fit appends ``config.resume-N.yaml``; a new run into a folder holding records is
-refused before it writes anything; ``validate``/``test``/``predict`` refuse to run without trained weights."""
+refused before it writes anything; ``validate``/``test``/``predict`` refuse to run without trained weights (an
+``init_from`` that leaves a head untrained included); a finished run is not resumed; refused and failed runs leave no
+run folder; a finished run extended with a larger ``max_epochs`` continues its schedule over the new total."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import pytest
@@ -103,7 +106,7 @@ def test_evaluation_commands_refuse_an_untrained_model(command: str, tmp_path: P
     err = capsys.readouterr().err
     assert f"{command} without trained weights: no --ckpt_path and no --model.init_from" in err, err
     assert "--ckpt_path <run folder>/checkpoints/<file>.ckpt" in err and "--model.init_from <checkpoint" in err
-    assert not (tmp_path / "runs" / "rec" / "version_0" / "predictions.csv").exists()
+    assert not (tmp_path / "runs" / "rec" / "version_0").exists()  # refused before the run folder is made (issue 42, item 9)
 
 
 def test_predict_with_init_from_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,3 +115,125 @@ def test_predict_with_init_from_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ckpt = next((tmp_path / "runs" / "rec" / "version_0" / "checkpoints").glob("last*.ckpt"))
     assert _exit_code(["predict", *ARGS, "--model.init_from", str(ckpt)]) == 0
     assert (tmp_path / "runs" / "rec" / "version_1" / "predictions.csv").is_file()
+
+
+# ----------------------------------------------------------------------- init_from of another module (issue 42, item 1)
+def _other_module_args(model: list[str]) -> list[str]:
+    """:data:`ARGS` with another model (same tiny backbone, data, logger)."""
+    return [*model, "--model.backbone", TINY_BACKBONE, *ARGS[ARGS.index("--data"):]]
+
+
+@pytest.mark.parametrize(("command", "model", "untrained"), [
+    ("predict", ["--model", "OrdinalRegressionModule", "--model.head", "corn"], "head.*"),
+    ("test", ["--model", "SupConModule", "--model.method", "supcon"], "probe.*"),
+])
+def test_evaluation_refuses_init_from_that_leaves_parameters_untrained(
+        command: str, model: list[str], untrained: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CE checkpoint loads the encoder of a CORN model / a SupCon model, not its head / online probe: refused,
+    naming what would be untrained and the fix, before a run folder or a record is written."""
+    monkeypatch.chdir(tmp_path)
+    assert _exit_code(["fit", *ARGS]) == 0
+    ckpt = next((tmp_path / "runs" / "rec" / "version_0" / "checkpoints").glob("last*.ckpt"))
+    capsys.readouterr()
+    assert _exit_code([command, *_other_module_args(model), "--model.init_from", str(ckpt)]) == 1
+    err = capsys.readouterr().err
+    assert f"{command} with --model.init_from {ckpt}" in err, err
+    assert f"{untrained} not in it" in err and "untrained" in err, err
+    assert "--ckpt_path <a checkpoint of" in err and "fit first" in err, err
+    assert len([ln for ln in err.strip().splitlines() if not ln.startswith("/")]) == 2, err  # the error + the --debug hint
+    assert sorted(p.name for p in (tmp_path / "runs" / "rec").iterdir()) == ["version_0"]  # no run folder left behind
+
+
+# ----------------------------------------------------------------------- resuming a finished run (issue 42, item 2)
+def _records(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` with its size and modification time (ns): what a refused run must leave alone."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns + p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(("limit", "end", "fix"), [
+    ([], "epoch 1 of max_epochs 1", "--trainer.max_epochs 2"),
+    (["--trainer.max_steps", "2", "--trainer.max_epochs", "5"], "global step 2 of max_steps 2", "--trainer.max_steps 3"),
+])
+def test_resuming_a_finished_run_is_refused_before_any_record_is_written(
+        limit: list[str], end: str, fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [*ARGS, *limit, "--test_after_fit", "true"]
+    assert _exit_code(["fit", *args]) == 0
+    runs = tmp_path / "runs" / "rec"
+    before = _records(runs)
+    capsys.readouterr()
+    for ckpt in ("last", str(runs / "version_0" / "checkpoints" / "last.ckpt")):
+        assert _exit_code(["fit", *args, "--ckpt_path", ckpt]) == 1
+        captured = capsys.readouterr()
+        err = captured.err
+        assert f"--ckpt_path {ckpt}:" in err and "the end of its run" in err and end in err, err
+        assert "would train nothing" in err and fix in err, err
+        assert len([ln for ln in err.strip().splitlines() if not ln.startswith("/")]) == 2, err
+        assert "test/" not in captured.out  # no test re-run
+        assert _records(runs) == before  # no config.resume-1.yaml, no new events, no new run folder
+
+
+# ----------------------------------------------------------------------- extending a finished run (issue 42, item 14)
+class RecordLR(L.Callback):
+    """The learning rate each training step's optimiser step uses (read before the step), per process."""
+
+    used: ClassVar[list[tuple[int, float]]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: object, batch_idx: int) -> None:
+        RecordLR.used.append((trainer.global_step, float(trainer.optimizers[0].param_groups[0]["lr"])))
+
+
+def test_extending_a_finished_run_continues_the_schedule_over_the_new_total(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-epoch cosine run resumed with max_epochs 2 takes the LRs of steps 2-3 of a 2-epoch run's cosine (docs/cli.md:
+    the schedule spans the new total and continues from the resumed step), not LR 0.0 (the old schedule's end) first."""
+    monkeypatch.chdir(tmp_path)
+    record = ["--trainer.callbacks+=tests.cli.test_cli_records.RecordLR", "--model.lr", "0.01"]
+    RecordLR.used = []
+    assert _exit_code(["fit", *ARGS, *record, "--trainer.max_epochs", "2", "--trainer.logger.init_args.name", "ref"]) == 0
+    reference = dict(RecordLR.used)
+    assert sorted(reference) == [0, 1, 2, 3] and reference[0] == pytest.approx(0.01)
+    RecordLR.used = []
+    assert _exit_code(["fit", *ARGS, *record]) == 0
+    assert [s for s, _ in RecordLR.used] == [0, 1]
+    RecordLR.used = []
+    assert _exit_code(["fit", *ARGS, *record, "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert [s for s, _ in RecordLR.used] == [2, 3]
+    assert RecordLR.used[0][1] > 0.0
+    assert dict(RecordLR.used) == {2: reference[2], 3: reference[3]}
+
+
+# ----------------------------------------------------------------------- refused and failed runs leave no folder (issue 42, item 9)
+class FailAtStep(L.Callback):
+    """Fails at the start of training step ``step`` (0: before any step, as a late data error)."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: object, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise OSError(f"broken.csv row {self.step}: missing.png does not exist")
+
+
+def test_refused_and_failed_runs_leave_no_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs" / "rec"
+    # refused at the trains-nothing check (was: in the module's setup, after config.yaml was written)
+    assert _exit_code(["fit", *ARGS, "--trainer.max_epochs", "0"]) == 1
+    assert not runs.exists() or not list(runs.iterdir())
+    # failed before its first step, after config.yaml and hparams.yaml were written: the folder it made goes
+    fail = ["--trainer.callbacks+=tests.cli.test_cli_records.FailAtStep"]
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail])
+    assert not runs.exists() or not list(runs.iterdir())
+    # failed after a step: what it wrote stays (a record of a run that trained), and so does a folder it did not make
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail, "--trainer.callbacks.init_args.step", "1"])
+    assert [p.name for p in runs.iterdir()] == ["version_0"] and (runs / "version_0" / "config.yaml").is_file()
+    (runs / "version_1").mkdir()
+    (runs / "version_1" / "job.log").write_text("a job script's own log")
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail, "--trainer.logger.init_args.version", "1"])
+    assert "job.log" in {p.name for p in (runs / "version_1").iterdir()}

@@ -251,3 +251,19 @@ def test_phase_two_margin_yaml_of_the_wrong_length(tmp_path: Path) -> None:
     (tmp_path / "other.yaml").write_text(yaml.safe_dump({"margins": [0.5, 0.5, 0.5]}))
     with pytest.raises(ValueError, match="has no 'learnable_map' key"):
         CLOCModule(num_classes=4, learnable_map=str(tmp_path / "other.yaml"), **SMALL)
+
+
+def test_init_from_a_cloc_checkpoint_covers_what_evaluation_reads(tmp_path: Path) -> None:
+    """Phase two's ``init_from`` skips the margins (``cloc_loss.*``): evaluation never reads them nor the projector,
+    so ``test``/``predict`` with a CLOC ``init_from`` are not refused; a bare encoder state_dict leaves ``head.*`` out."""
+    phase1 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="features", projector_dim=16)
+    torch.save(phase1.state_dict(), tmp_path / "p1.pt")
+    torch.save({f"backbone.{k}": v for k, v in phase1.backbone.state_dict().items()}, tmp_path / "enc.pt")
+    phase2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="features", projector_dim=16,
+                        learnable_map=[["fixed", 0.5]] * 3)
+    keys = phase2.evaluation_keys()
+    assert keys and not any(k.startswith(("cloc_loss.", "projector.")) for k in keys)
+    assert any(k.startswith("head.") for k in keys)
+    assert set(keys) <= set(phase2.init_from_report(str(tmp_path / "p1.pt"))["loaded"])
+    missing = set(keys) - set(phase2.init_from_report(str(tmp_path / "enc.pt"))["loaded"])
+    assert missing and all(k.startswith("head.") for k in missing)

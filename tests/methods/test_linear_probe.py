@@ -278,3 +278,15 @@ def test_probe_checkpoint_on_the_device_data_path_equals_the_loader_path(ce_ckpt
     loader = probe_checkpoint(str(ce_ckpt), _shapes(noise=4.0), max_iter=300)
     device = probe_checkpoint(str(ce_ckpt), _shapes(noise=4.0, cache="memory", augment_on="device"), max_iter=300)
     assert device["n_test"] == loader["n_test"] and device["top1"] == pytest.approx(loader["top1"])
+
+
+def test_init_from_a_probe_checkpoint_covers_what_evaluation_reads(tmp_path: Path, ce_ckpt: Path) -> None:
+    """The encoder comes from ``encoder_ckpt`` (``init_from`` never loads it): a probe's ``init_from`` that holds the
+    head is complete for ``test``/``predict``; one without the head's bias leaves exactly that untrained."""
+    probe = LinearProbeModule(num_classes=4, encoder_ckpt=str(ce_ckpt), lr=0.5)
+    torch.save(probe.state_dict(), tmp_path / "probe.pt")
+    torch.save({"head.weight": probe.head.weight}, tmp_path / "head_weight_only.pt")
+    keys = probe.evaluation_keys()
+    assert set(keys) == {k for k in probe.state_dict() if not k.startswith("backbone.")}
+    assert set(keys) <= set(probe.init_from_report(str(tmp_path / "probe.pt"))["loaded"])
+    assert set(keys) - set(probe.init_from_report(str(tmp_path / "head_weight_only.pt"))["loaded"]) == {"head.bias"}
