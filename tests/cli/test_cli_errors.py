@@ -101,6 +101,16 @@ def test_yaml_syntax_errors_name_the_file_line_and_column(args: list[str], code:
     assert not (tmp_path / "runs").exists()
 
 
+def test_compile_backbone_values_are_refused_before_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``{mode: fastest}`` was a 60-line torch traceback at the first step that never named the option."""
+    monkeypatch.chdir(tmp_path)
+    err = _fails(["fit", *MODEL, *DATA, "--model.compile_backbone", "{mode: fastest}"], capsys, 1)
+    assert "error: compile_backbone.mode must be 'default', " in err and "'max-autotune'" in err, err
+    assert "got 'fastest'" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_debug_names_the_invalid_yaml_file_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """``--debug`` keeps the parser's full message and adds the ``file:line:col`` line (the parser says "<unicode string>")."""
