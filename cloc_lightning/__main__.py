@@ -24,7 +24,7 @@ def main(args: list[str] | None = None) -> None:
         except BrokenPipeError:  # `cloc-lightning configs list | head`: the reader left; say nothing more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(1) from None
-        except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError) as e:
+        except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             if debug:
                 raise
             exit_with_error(e)
