@@ -56,6 +56,7 @@ from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.nn.pretrained import normalization_mismatch
 from cloc_lightning.resume import checkpoint_position, find_last_checkpoint
+from cloc_lightning.threads import apply_default_threads, restore_threads
 from cloc_lightning.validation import invalid_yaml
 
 __all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
@@ -544,12 +545,19 @@ def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
     raise RunFolderInUseError(f"no free run folder next to {logger.log_dir}")
 
 
+#: the CLIs main() started (to undo their thread setting when the command ends)
+_RUNNING: list[Any] = []
+
+
 class CLOCLightningCLI(LightningCLI):
     """LightningCLI with ``test_after_fit``, exact ``--ckpt_path last`` resume into the same run folder,
     checkpoint/config checks, a prediction writer for ``predict`` and the extra sub-commands in ``--help``."""
 
     def __init__(self, *pos: Any, **kwargs: Any) -> None:
         self._num_classes_from_checkpoint = False
+        #: what apply_default_threads changed (undone by main() when the command ends)
+        self._threads_changed: tuple[int, str | None] | None = None
+        _RUNNING.append(self)
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
@@ -696,7 +704,10 @@ class CLOCLightningCLI(LightningCLI):
         )
 
     def _before_subcommand(self) -> None:
-        """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions."""
+        """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions;
+        torch's intra-op threads fit the cores left by the loader workers (:mod:`cloc_lightning.threads`)."""
+        if self._threads_changed is None:
+            self._threads_changed = apply_default_threads(self.trainer, self.datamodule)
         self._resolve_ckpt_path()
         self._check_normalization()
         callbacks: list[Any] = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
@@ -990,3 +1001,5 @@ def main(args: list[str] | None = None) -> None:
         exit_with_error(err)
     finally:  # on every rank, before the interpreter's exit (where a live gloo group can abort the process)
         release_process_group()
+        while _RUNNING:  # main() called in a longer-lived process (tests, notebooks): torch's threads as they were
+            restore_threads(_RUNNING.pop()._threads_changed)
