@@ -5,7 +5,7 @@ processes (``num_workers``, each busy on a core) and any other job on the machin
 outnumber the cores, and OpenMP threads that wait for one another spin instead of sleeping: a
 step then takes several times longer than with fewer threads.  Measured on 2 shared cores
 (docs/development.md, "Threads and loader workers"): the demo config's epoch of 10 steps took
-181-236 s with torch's 2 threads and 71-93 s with 1, beside the loader's worker and a load of 11-16.
+159-236 s with torch's 2 threads and 65-93 s with 1, beside the loader's worker and a load of 11-16.
 
 So every ``cloc-lightning fit|validate|test|predict`` sets (:func:`apply_default_threads`)::
 
