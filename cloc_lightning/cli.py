@@ -264,9 +264,11 @@ def _inline_yaml_error(argv: list[str], text: str) -> str | None:
     ``{epoch}-{step}`` is not YAML), so an inline value that is not YAML is an error only where the parser said so.
     """
     refused = set(re.findall(r'Parser key "([^"]+)"', text)) | set(re.findall(r"--([\w.]+)", text))
+    if not refused:
+        return None
     for key, value in _inline_values(argv):
         name = key[2:].replace(".init_args.", ".")
-        if refused and not any(name == r or name.startswith(r + ".") or r.startswith(name + ".")
+        if not any(name == r or name.startswith(r + ".") or r.startswith(name + ".")
                                or r.replace(".init_args.", ".") == name for r in refused):
             continue
         try:

@@ -81,6 +81,9 @@ CLOC = ["--model", "CLOCModule", "--model.num_classes", "4", "--model.backbone",
     (["fit", *MODEL, *DATA, "--trainer={max_epochs:"], 2, "error: --trainer:1:13: invalid YAML: expected the node content"),
     (["fit", *MODEL, *DATA, "--model.init_args.lr", "[1,"], 2,
      "error: --model.init_args.lr:1:4: invalid YAML: expected the node content"),
+    # a text option may hold what is no YAML (a checkpoint filename template): only the refused key's value is blamed
+    (["fit", *MODEL, *DATA, "--trainer.default_root_dir", "{epoch}-{step}", "--trainer.max_epochz", "2"], 2,
+     "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs"),
     # margins: an inline list and a margins file
     (["fit", *CLOC, *DATA, "--model.learnable_map", "[[fixed, 0.5], [fixed, 0.7]"], 1,
      "error: learnable_map:1:28: invalid YAML: expected ',' or ']', but got '<stream end>'"),
