@@ -388,8 +388,8 @@ def case_configs_copy_two_demos(a: Audit) -> dict[str, Any]:
     shipped = {(REPO / "configs" / g / "demo.yaml").read_text() for g in ("cloc", "corn")}
     if first.rc == 0 and second.rc == 0:
         verdict = "good" if len(files) == 2 and texts == shipped else "silent"  # both kept, or one lost
-    else:  # a refusal is fine when it is one line naming the collision
-        verdict = _verdict(second if first.rc == 0 else first, r"already exists")
+    else:  # a refusal is fine only when its one line says that another shipped config holds the name
+        verdict = _verdict(second if first.rc == 0 else first, r"already exists.*(cloc/demo|another|different) (shipped )?config")
     return {**_fmt(second, f"files {files}"), "verdict": verdict}
 
 
