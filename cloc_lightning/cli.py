@@ -547,8 +547,8 @@ def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> None:
     raise RunFolderInUseError(f"no free run folder next to {logger.log_dir}")
 
 
-#: the CLIs main() started (to undo their thread setting when the command ends)
-_RUNNING: list[Any] = []
+#: what apply_default_threads changed in this process, newest last (main() undoes it when the command ends)
+_THREAD_CHANGES: list[tuple[int, str | None]] = []
 
 
 class CLOCLightningCLI(LightningCLI):
@@ -557,9 +557,7 @@ class CLOCLightningCLI(LightningCLI):
 
     def __init__(self, *pos: Any, **kwargs: Any) -> None:
         self._num_classes_from_checkpoint = False
-        #: what apply_default_threads changed (undone by main() when the command ends)
-        self._threads_changed: tuple[int, str | None] | None = None
-        _RUNNING.append(self)
+        self._threads_set = False
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
@@ -708,8 +706,11 @@ class CLOCLightningCLI(LightningCLI):
     def _before_subcommand(self) -> None:
         """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions;
         torch's intra-op threads fit the cores left by the loader workers (:mod:`cloc_lightning.threads`)."""
-        if self._threads_changed is None:
-            self._threads_changed = apply_default_threads(self.trainer, self.datamodule)
+        if not self._threads_set:  # once per command (test_after_fit runs test inside fit)
+            self._threads_set = True
+            changed = apply_default_threads(self.trainer, self.datamodule)
+            if changed is not None:
+                _THREAD_CHANGES.append(changed)
         self._resolve_ckpt_path()
         self._check_normalization()
         callbacks: list[Any] = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
@@ -1003,5 +1004,5 @@ def main(args: list[str] | None = None) -> None:
         exit_with_error(err)
     finally:  # on every rank, before the interpreter's exit (where a live gloo group can abort the process)
         release_process_group()
-        while _RUNNING:  # main() called in a longer-lived process (tests, notebooks): torch's threads as they were
-            restore_threads(_RUNNING.pop()._threads_changed)
+        while _THREAD_CHANGES:  # main() called in a longer-lived process (tests, notebooks): torch's threads as they were
+            restore_threads(_THREAD_CHANGES.pop())
