@@ -490,6 +490,142 @@ def case_test_table_and_closing_line(a: Audit) -> dict[str, Any]:
     return {**_fmt(o, note), "verdict": _verdict(o, good)}
 
 
+# --------------------------------------------------------------------------------------------- issue 42 round 2: items 6, 7, 8, 10, 11
+# Each returns a "verdict" computed from what it observed: "good" (refused or warned with one line naming the
+# fix), "silent" (exit 0 with a result that is not one) or "buried" (the cause not in a one-line message).
+def _verdict(o: Outcome, marker: str) -> str:
+    """``good`` when the command failed with a first error line matching ``marker`` and no traceback; else silent/buried."""
+    if o.rc == 0:
+        return "silent"
+    errors = [ln for ln in o.stderr.splitlines() if re.search(r"error", ln, flags=re.IGNORECASE)]
+    one_line = bool(errors) and re.search(marker, errors[0]) is not None and len(errors) <= 2
+    return "good" if one_line and "Traceback" not in o.stderr else "buried"
+
+
+def _judged(o: Outcome, marker: str, note: str = "") -> dict[str, Any]:
+    return {**_fmt(o, note), "verdict": _verdict(o, marker)}
+
+
+def case_yaml_error_second_config(a: Audit) -> dict[str, Any]:
+    (a.work / "second.yaml").write_text("trainer:\n  max_epochs: 1\nmodel: {init_args: {lr: 0.1}\n")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "base")), "--config", str(a.work / "second.yaml"))
+    return _judged(o, r"second\.yaml:\d+:\d+: invalid YAML")
+
+
+def case_yaml_error_inline_value(a: Audit) -> dict[str, Any]:
+    o = a.cli("fit", "--config", str(_cfg(a.work, "base")), "--trainer", "{max_epochs: 1")
+    return _judged(o, r"--trainer:\d+:\d+: invalid YAML")
+
+
+def case_yaml_error_inline_margins(a: Audit) -> dict[str, Any]:
+    o = a.cli("fit", "--config", str(_cfg(a.work, "base")), "--model.init_args.learnable_map", "[[fixed, 0.5], [fixed, 0.7]")
+    return _judged(o, r"learnable_map:\d+:\d+: invalid YAML")
+
+
+def case_yaml_error_margins_file(a: Audit) -> dict[str, Any]:
+    (a.work / "margins.yaml").write_text("learnable_map:\n- [fixed, 0.5\n- [fixed, 0.5]\n")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "base")), "--model.init_args.learnable_map", str(a.work / "margins.yaml"))
+    return _judged(o, r"margins\.yaml:\d+:\d+: invalid YAML")
+
+
+def case_compile_backbone_bad_mode(a: Audit) -> dict[str, Any]:
+    o = a.cli("fit", "--config", str(_cfg(a.work, "base")), "--model.init_args.compile_backbone", "{mode: fastest}")
+    return _judged(o, r"compile_backbone\.mode must be .*got 'fastest'")
+
+
+def case_configs_copy_read_only(a: Audit) -> dict[str, Any]:
+    folder = a.work / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    target = folder if not os.access(folder, os.W_OK) else Path("/sys/kernel")  # root writes anywhere but there
+    try:
+        o = a.cli("configs", "copy", "cloc/demo", str(target))
+    finally:
+        folder.chmod(0o755)
+    return _judged(o, r"cannot write .*give a folder you can write to", f"into {target}")
+
+
+def case_configs_copy_two_demos(a: Audit) -> dict[str, Any]:
+    first = a.cli("configs", "copy", "cloc/demo")
+    second = a.cli("configs", "copy", "corn/demo")
+    files = sorted(p.name for p in a.work.glob("*.yaml"))
+    texts = {p.read_text() for p in a.work.glob("*.yaml")}
+    shipped = {(REPO / "configs" / g / "demo.yaml").read_text() for g in ("cloc", "corn")}
+    if first.rc == 0 and second.rc == 0:
+        verdict = "good" if len(files) == 2 and texts == shipped else "silent"  # both kept, or one lost
+    else:  # a refusal is fine only when its one line says that another shipped config holds the name
+        verdict = _verdict(second if first.rc == 0 else first, r"already exists.*(cloc/demo|another|different) (shipped )?config")
+    return {**_fmt(second, f"files {files}"), "verdict": verdict}
+
+
+_THREAD_PROBE = """
+import os, sys, torch
+from lightning.pytorch.callbacks import Callback
+class ThreadProbe(Callback):
+    def on_train_start(self, trainer, pl_module):
+        cpus = len(os.sched_getaffinity(0))
+        print(f"THREADS {torch.get_num_threads()} WORKERS {trainer.datamodule.num_workers} CPUS {cpus}", file=sys.stderr)
+"""
+
+
+def case_threads_beside_workers(a: Audit) -> dict[str, Any]:
+    (a.work / "probe_threads.py").write_text(_THREAD_PROBE)
+    env = {k: v for k, v in a.env.items() if k != "OMP_NUM_THREADS"}  # the defaults, as a user without the variable
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    proc = subprocess.run([sys.executable, "-m", "cloc_lightning", "fit", "--config", str(_cfg(a.work, "threads")),
+                           "--data.init_args.num_workers", str(max(1, cores - 1)), "--trainer.max_epochs", "1",
+                           "--trainer.callbacks+=probe_threads.ThreadProbe"],
+                          cwd=a.work, env=env, capture_output=True, text=True, timeout=600)
+    m = re.search(r"THREADS (\d+) WORKERS (\d+) CPUS (\d+)", proc.stderr)
+    if proc.returncode != 0 or m is None:
+        return {"rc": proc.returncode, "stderr lines": len(proc.stderr.splitlines()), "says": "",
+                "outcome": f"did not run: {proc.stderr.strip().splitlines()[-1:]}", "verdict": "buried"}
+    threads, workers, cpus = (int(g) for g in m.groups())
+    verdict = "good" if threads == 1 or threads + workers <= cpus else "silent"  # oversubscribed: slow, said nowhere
+    return {"rc": proc.returncode, "stderr lines": len(proc.stderr.splitlines()), "says": "",
+            "outcome": f"{threads} intra-op threads + {workers} loader workers on {cpus} cores", "verdict": verdict}
+
+
+_MISMATCHED_TORCHVISION = """
+import importlib.abc, importlib.metadata as md, sys
+class Mismatched(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torchvision":  # what torchvision raises beside a torch of another build
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return None
+sys.meta_path.insert(0, Mismatched())
+real = md.version
+md.version = lambda name: {"torch": "2.5.1+cpu", "torchvision": "0.20.1"}.get(name) or real(name)
+from cloc_lightning.__main__ import main
+main(["fit", "--help"])
+"""
+
+
+def case_torchvision_other_build(a: Audit) -> dict[str, Any]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _MISMATCHED_TORCHVISION], cwd=a.work, env=a.env, capture_output=True,
+                          text=True, timeout=300)
+    err = proc.stderr.strip().splitlines()
+    hits = [ln for ln in err if re.search(r"error|Error", ln)]
+    o = Outcome(proc.returncode, len(err), (hits[0] if hits else (err[-1] if err else ""))[:160],
+                time.perf_counter() - start, proc.stdout, proc.stderr)
+    return _judged(o, r"torchvision 0\.20\.1 .*does not fit torch 2\.5\.1\+cpu.*pip install", "simulated import failure")
+
+
+ROUND2_CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
+    "YAML syntax error in the second --config": case_yaml_error_second_config,
+    "YAML syntax error in an inline --trainer value": case_yaml_error_inline_value,
+    "YAML syntax error in an inline learnable_map": case_yaml_error_inline_margins,
+    "YAML syntax error in a margins file": case_yaml_error_margins_file,
+    "--model.compile_backbone '{mode: fastest}'": case_compile_backbone_bad_mode,
+    "configs copy into a read-only folder": case_configs_copy_read_only,
+    "configs copy cloc/demo, then corn/demo, one folder": case_configs_copy_two_demos,
+    "threads beside loader workers (no OMP_NUM_THREADS)": case_threads_beside_workers,
+    "torchvision of another build than torch": case_torchvision_other_build,
+}
+# --------------------------------------------------------------------------------------------- end of round 2 (items 6-11)
+
+
 CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
     "predict without weights": case_predict_without_weights,
     "CSV: one label 2.5 among 12 integer classes": case_csv_non_integer_label,
@@ -527,6 +663,8 @@ CASES: dict[str, Callable[[Audit], dict[str, Any]]] = {
     "test folder: 26 copies of training faces": case_test_folder_copies_of_training_faces,
     "predict on a UTKFace-named folder": case_predict_utkface_folder_targets,
     "test table and closing line (CSVLogger)": case_test_table_and_closing_line,
+    # issue 42 (round 2), items 6, 7, 8, 10, 11
+    **ROUND2_CASES,
 }
 
 

@@ -57,6 +57,8 @@ from cloc_lightning.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.nn.pretrained import normalization_mismatch
 from cloc_lightning.resume import checkpoint_position, checkpoint_progress, find_last_checkpoint
+from cloc_lightning.threads import apply_default_threads, restore_threads
+from cloc_lightning.validation import invalid_yaml
 
 __all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
            "RunFinishedError", "main", "packaged_config_fallback", "REQUIRED_MARK",
@@ -233,25 +235,74 @@ def _nearest(key: str, names: Iterable[str]) -> str:
 
 
 def _yaml_error(paths: list[str]) -> str | None:
-    """``<file>:<line>:<column>: <problem>`` for the first ``--config`` file that is not valid YAML."""
+    """``<file>:<line>:<column>: invalid YAML: <problem>`` for the first ``--config`` file that is not valid YAML."""
     for path in paths:
         try:
             with open(path) as f:
                 yaml.safe_load(f)
         except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
-            return f"{where}: invalid YAML: {e.problem or e.context}" + (
-                f" ({e.context} at line {e.context_mark.line + 1})" if e.context and e.context_mark is not None else "")
+            return invalid_yaml(path, e)
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
     return None
+
+
+def _inline_values(argv: list[str]) -> list[tuple[str, str]]:
+    """``(option, value)`` for each ``--key value`` / ``--key=value`` whose value is an inline YAML ``{...}`` or ``[...]``."""
+    out = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        key, eq, value = arg.partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                continue
+            value = argv[i + 1]
+        if key != "--config" and value.lstrip()[:1] in ("{", "["):
+            out.append((key, value))
+    return out
+
+
+def _inline_yaml_error(argv: list[str], text: str) -> str | None:
+    """``--key:<line>:<column>: invalid YAML: ...`` for an inline ``{...}``/``[...]`` value, of the key the parser refused.
+
+    Only looked at after the parser failed: a ``str`` option takes any text (a checkpoint ``filename`` such as
+    ``{epoch}-{step}`` is not YAML), so an inline value that is not YAML is an error only where the parser said so.
+    """
+    refused = set(re.findall(r'Parser key "([^"]+)"', text)) | set(re.findall(r"--([\w.]+)", text))
+    if not refused:
+        return None
+    for key, value in _inline_values(argv):
+        name = key[2:].replace(".init_args.", ".")
+        if not any(name == r or name.startswith(r + ".") or r.startswith(name + ".")
+                               or r.replace(".init_args.", ".") == name for r in refused):
+            continue
+        try:
+            yaml.safe_load(value)
+        except yaml.MarkedYAMLError as e:
+            return invalid_yaml(key, e)
+        except yaml.YAMLError:
+            continue
+    return None
+
+
+def yaml_parse_error(message: str, argv: list[str]) -> str | None:
+    """The ``file:line:col: invalid YAML`` line of a parse error caused by YAML syntax (a ``--config`` file or an inline value)."""
+    text = " ".join(ln.strip() for ln in message.strip().splitlines() if ln.strip())
+    if "Problems parsing config" in text and "<unicode string>" in text:
+        found = _yaml_error(_config_paths(argv))
+        if found:
+            return found
+    return _inline_yaml_error(argv, text)
 
 
 def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
     """jsonargparse's (often nested, many-line) parse error as one line naming the key, the value and the fix."""
     lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
     text = " ".join(lines)
+    found = yaml_parse_error(message, argv)
+    if found:
+        return found
     m = re.search(r'Parser key "([^"]+)":.*?Problem with given class_path \'([^\']+)\':\s*(.*?)(?:- Expected a|Given value type|$)',
                   text)
     if m:
@@ -273,10 +324,6 @@ def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
     m = re.search(r'Parser key "config": File does not exist: (.*)', text)
     if m:
         return f"--config: no such file: {m.group(1)} (`cloc-lightning configs list` names the shipped configs)"
-    if "Problems parsing config" in text and "<unicode string>" in text:
-        found = _yaml_error(_config_paths(argv))
-        if found:
-            return found
     m = re.search(r"Key '([^']+)' is not expected", text)
     if m:
         key = "--" + m.group(1)
@@ -337,11 +384,17 @@ class CLOCArgumentParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error or self.full_errors or debug_requested(sys.argv):
+        argv = list(getattr(self, "args", None) or sys.argv[1:])
+        if not self.exit_on_error:
+            super().error(message, ex)
+        if self.full_errors or debug_requested(sys.argv):
+            found = yaml_parse_error(message, argv)  # the parser's message calls a YAML text "<unicode string>"
+            if found:
+                print(f"{found}", file=sys.stderr, flush=True)
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = str(getattr(parser, "prog", "cloc-lightning")).replace(" [options]", "")
-        short = short_parse_error(message, parser, list(getattr(self, "args", None) or sys.argv[1:]))
+        short = short_parse_error(message, parser, argv)
         print(f"{prog}: error: {short}\n({prog} --help lists the options; --debug shows the parser's full message)",
               file=sys.stderr, flush=True)
         raise SystemExit(2)
@@ -561,6 +614,10 @@ def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> str | None:
     raise RunFolderInUseError(f"no free run folder next to {logger.log_dir}")
 
 
+#: what apply_default_threads changed in this process, newest last (main() undoes it when the command ends)
+_THREAD_CHANGES: list[tuple[int, str | None]] = []
+
+
 class CLOCLightningCLI(LightningCLI):
     """LightningCLI with ``test_after_fit``, exact ``--ckpt_path last`` resume into the same run folder,
     checkpoint/config checks, a prediction writer for ``predict`` and the extra sub-commands in ``--help``."""
@@ -569,6 +626,7 @@ class CLOCLightningCLI(LightningCLI):
         self._num_classes_from_checkpoint = False
         #: the run folder this command made (global rank 0), removed again if the command fails before a result
         self._made_run_folder: str | None = None
+        self._threads_set = False
         given = kwargs.get("args")
         #: the command line as given (integers of ``--trainer.limit_*_batches`` are read from it)
         self._raw_args = [str(a) for a in given] if isinstance(given, (list, tuple)) else sys.argv[1:]
@@ -777,7 +835,13 @@ class CLOCLightningCLI(LightningCLI):
         )
 
     def _before_subcommand(self) -> None:
-        """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions."""
+        """``before_<fit|validate|test|predict>``: resolve ``--ckpt_path``; ``predict`` also writes its predictions;
+        torch's intra-op threads fit the cores left by the loader workers (:mod:`cloc_lightning.threads`)."""
+        if not self._threads_set:  # once per command (test_after_fit runs test inside fit)
+            self._threads_set = True
+            changed = apply_default_threads(self.trainer, self.datamodule)
+            if changed is not None:
+                _THREAD_CHANGES.append(changed)
         self._resolve_ckpt_path()
         self._check_normalization()
         callbacks: list[Any] = self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at runtime, not declared on Trainer
@@ -1111,3 +1175,5 @@ def main(args: list[str] | None = None) -> None:
         exit_with_error(err)
     finally:  # on every rank, before the interpreter's exit (where a live gloo group can abort the process)
         release_process_group()
+        while _THREAD_CHANGES:  # main() called in a longer-lived process (tests, notebooks): torch's threads as they were
+            restore_threads(_THREAD_CHANGES.pop())

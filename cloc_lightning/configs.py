@@ -16,7 +16,7 @@ name it too.  Where the files are:
     for cfg in list_configs("cloc"):
         print(cfg.name, cfg.description)
     path = find_config("cloc/demo").path         # a pathlib.Path to the YAML file
-    copy_config("cloc/demo", "my_configs/")      # -> my_configs/demo.yaml
+    copy_config("cloc/demo", "my_configs/")      # -> my_configs/cloc_demo.yaml
 
 The command line front-end is ``cloc-lightning configs list|show|copy|path``
 (:func:`configs_main`, registered in :data:`cloc_lightning.commands.COMMANDS`);
@@ -38,10 +38,12 @@ from pathlib import Path, PurePosixPath
 __all__ = [
     "ShippedConfig",
     "ConfigNotFoundError",
+    "ConfigCopyError",
     "configs_root",
     "list_configs",
     "find_config",
     "copy_config",
+    "copy_name",
     "config_name",
     "packaged_config_for",
     "configs_main",
@@ -55,6 +57,10 @@ REPOSITORY_DIR = Path(__file__).resolve().parent.parent / "configs"
 _SUFFIXES = (".yaml", ".yml")
 #: longest description ``configs list`` shows (the first sentence of the header, shortened at a word)
 _DESCRIPTION_CHARS = 100
+
+
+class ConfigCopyError(PermissionError):
+    """``configs copy`` cannot write its destination (a read-only folder or file system)."""
 
 
 class ConfigNotFoundError(FileNotFoundError):
@@ -151,23 +157,42 @@ def find_config(name: str) -> ShippedConfig:
     raise ConfigNotFoundError(f"no shipped config named {name!r}; {hint}`cloc-lightning configs list` shows them all")
 
 
+def copy_name(name: str) -> str:
+    """The file name a copy of the shipped config ``name`` gets in a folder: ``<group>_<name>.yaml`` (``cloc_demo.yaml``).
+
+    Shipped configs of different groups share file names (``cloc/demo.yaml``, ``corn/demo.yaml``), so a copy keeps
+    its group in its name: copies of any two shipped configs into one folder never collide.
+    """
+    cfg = find_config(name)
+    return cfg.name.replace("/", "_") + cfg.path.suffix
+
+
 def copy_config(name: str, dest: str | os.PathLike[str] = ".", force: bool = False) -> Path:
     """Copy the shipped config ``name`` to ``dest`` and return the path written.
 
-    ``dest`` is a folder (an existing one, or any path ending in ``/``: the file keeps its name,
-    ``demo.yaml``) or a file path; missing parent folders are created.  An existing file is
-    only replaced with ``force=True``: otherwise :class:`FileExistsError` names the flag.
+    ``dest`` is a folder (an existing one, or any path ending in ``/``: the file is named
+    ``<group>_<name>.yaml``, e.g. ``cloc_demo.yaml``, :func:`copy_name`) or a file path; missing parent
+    folders are created.  An existing file is only replaced with ``force=True``: otherwise
+    :class:`FileExistsError` names the flag.  A destination that cannot be written raises
+    :class:`ConfigCopyError` (a ``PermissionError``) naming it and the fix.
     """
     cfg = find_config(name)
     target = Path(dest)
     if target.is_dir() or str(dest).endswith(("/", os.sep)):
-        target = target / cfg.path.name
+        target = target / copy_name(cfg.name)
     if target.exists() and not force:
         raise FileExistsError(f"{target} already exists; pass --force to overwrite it (force=True in Python), or give another destination")
     if target.is_dir():
         raise IsADirectoryError(f"{target} is a folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(cfg.path, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cfg.path, target)
+    except OSError as e:
+        reason = (e.strerror or type(e).__name__).lower()
+        raise ConfigCopyError(
+            f"cannot write {target}: {reason} (in {target.parent}); give a folder you can write to: "
+            f"cloc-lightning configs copy {cfg.name} <folder> (copy_config({cfg.name!r}, '<folder>') in Python)"
+        ) from e
     return target
 
 
@@ -225,7 +250,7 @@ _CONFIGS_EPILOG = """\
 NAME is a config's path under configs/ without the suffix: cloc/demo (also cloc/demo.yaml or
 configs/cloc/demo.yaml).  Run one as it is, or copy it and edit:
   cloc-lightning fit --config "$(cloc-lightning configs path cloc/demo)"
-  cloc-lightning configs copy cloc/demo && cloc-lightning fit --config demo.yaml
+  cloc-lightning configs copy cloc/demo && cloc-lightning fit --config cloc_demo.yaml
 """
 
 
@@ -241,8 +266,8 @@ def configs_main(argv: list[str] | None = None) -> list[ShippedConfig] | str | P
 
     ``NAME`` is ``cloc/demo``, ``cloc/demo.yaml`` or ``configs/cloc/demo.yaml``; the configs are
     the repository's ``configs/`` folder, carried in the wheel as package data
-    (:mod:`cloc_lightning.configs`).  ``copy`` writes ``DEST/demo.yaml`` (the file's own name)
-    when ``DEST`` is a folder (default: the current one) or the file ``DEST`` otherwise, and
+    (:mod:`cloc_lightning.configs`).  ``copy`` writes ``DEST/cloc_demo.yaml`` (``<group>_<name>.yaml``, so that
+    copies of shipped configs never collide) when ``DEST`` is a folder (default: the current one) or the file ``DEST`` otherwise, and
     never overwrites an existing file without ``--force``.  Returns the configs listed, the YAML shown or the path
     copied to / printed.  Unknown names raise
     :class:`~cloc_lightning.configs.ConfigNotFoundError` with the closest names (one
@@ -262,7 +287,7 @@ def configs_main(argv: list[str] | None = None) -> list[ShippedConfig] | str | P
     p_show.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
     p_copy = sub.add_parser("copy", help="write a config to a folder (default: the current one) or a file, to edit it")
     p_copy.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
-    p_copy.add_argument("dest", nargs="?", default=".", help="a folder (the file keeps its name) or a file path; default '.'")
+    p_copy.add_argument("dest", nargs="?", default=".", help="a folder (the copy is named <group>_<name>.yaml: cloc_demo.yaml) or a file path; default '.'")
     p_copy.add_argument("--force", action="store_true", help="overwrite an existing file")
     p_path = sub.add_parser("path", help="print the config file's path (for --config \"$(cloc-lightning configs path NAME)\")")
     p_path.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")

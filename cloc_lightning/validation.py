@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool"]
+__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool", "invalid_yaml"]
 
 
 def choices(literal_type: Any) -> tuple[Any, ...]:
@@ -166,3 +166,17 @@ def check_bool(name: str, value: Any, *, hint: str = "") -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}{_suffix(hint)}")
     return value
+
+
+def invalid_yaml(where: str, err: Exception) -> str:
+    """``<where>:<line>:<column>: invalid YAML: <problem>`` for a YAML syntax error (PyYAML's ``MarkedYAMLError``).
+
+    ``where`` is the file, or for a value given inline the option that held it (``--model``,
+    ``learnable_map``); PyYAML itself calls such a text ``"<unicode string>"``.
+    """
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err).splitlines()[0]
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    located = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
+    extra = f" ({context} at line {context_mark.line + 1})" if context and context_mark is not None and problem != context else ""
+    return f"{located}: invalid YAML: {problem}{extra}"

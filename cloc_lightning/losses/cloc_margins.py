@@ -42,7 +42,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from cloc_lightning.validation import check_choice, check_float, check_int
+from cloc_lightning.validation import check_choice, check_float, check_int, invalid_yaml
 
 __all__ = [
     "CLOCMargins",
@@ -94,9 +94,17 @@ def load_learnable_map(value: LearnableMap | str | None) -> LearnableMap | None:
     path = os.path.expanduser(value)
     if os.path.isfile(path):
         with open(path) as f:
-            loaded = yaml.safe_load(f)
+            try:
+                loaded = yaml.safe_load(f)
+            except yaml.MarkedYAMLError as e:
+                raise ValueError(f"{invalid_yaml(value, e)}; learnable_map takes the margins YAML written by "
+                                 "CLOCMarginFreeze (<log_dir>/cloc_margins.yaml): fix the file or write it again") from None
     elif value.strip().startswith("["):
-        loaded = yaml.safe_load(value)
+        try:
+            loaded = yaml.safe_load(value)
+        except yaml.MarkedYAMLError as e:
+            raise ValueError(f"{invalid_yaml('learnable_map', e)}; write an inline list such as "
+                             "[[fixed, 0.5], [learnable, null]] or give a margins YAML file") from None
     else:
         raise FileNotFoundError(
             f"learnable_map file {value!r} does not exist; pass the margins YAML written by CLOCMarginFreeze "

@@ -41,6 +41,7 @@ hyper-parameters of the whole constructor chain, calls :meth:`BaseModule.prepare
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -82,7 +83,7 @@ from cloc_lightning.methods.tracking import BestFinalTracking
 from cloc_lightning.metrics import TaskSetting, build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 from cloc_lightning.precision import check_precision
-from cloc_lightning.validation import check_choice, check_float
+from cloc_lightning.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["BaseModule", "ClassifierModule"]
 
@@ -103,8 +104,58 @@ def _check_encoder_speed_options(compile_backbone: Any, channels_last: Any) -> N
             raise ValueError(f"compile_backbone: {unknown} are no torch.compile arguments; it takes {list(_COMPILE_ARGS)}")
         if compile_backbone.get("mode") is not None and compile_backbone.get("options") is not None:
             raise ValueError("compile_backbone: torch.compile takes mode or options, not both; remove one of them")
+        _check_compile_values(compile_backbone)
     if not isinstance(channels_last, bool):
         raise TypeError(f"channels_last must be true or false, got {channels_last!r}")
+
+
+def _check_compile_values(args: dict[str, Any]) -> None:
+    """Each value of a ``compile_backbone`` dict, as ``torch.compile`` would take it at the first step (but named now).
+
+    ``mode`` and the ``options`` keys are checked against inductor's own lists (``torch._inductor.list_mode_options``,
+    ``list_options``) when the backend is inductor (torch's default); ``backend`` against ``torch._dynamo.list_backends``.
+    """
+    hint = "see torch.compile's documentation; or compile_backbone: true for torch's defaults"
+    for key in ("fullgraph", "disable", "isolate_recompiles"):
+        if key in args:
+            check_bool(f"compile_backbone.{key}", args[key], hint=hint)
+    if args.get("dynamic") is not None and not isinstance(args["dynamic"], bool):
+        raise TypeError(f"compile_backbone.dynamic must be True, False or None, got {args['dynamic']!r} "
+                        "(None: torch decides which shapes are dynamic)")
+    if args.get("name") is not None and not isinstance(args["name"], str):
+        raise TypeError(f"compile_backbone.name must be a string or None, got {args['name']!r}")
+    if args.get("recompile_limit") is not None:
+        check_int("compile_backbone.recompile_limit", args["recompile_limit"], 1, hint=hint)
+    backend = args.get("backend")
+    if backend is not None and not callable(backend):
+        import torch._dynamo
+
+        if not isinstance(backend, str):
+            raise TypeError(f"compile_backbone.backend must be a backend name (a string) or a callable, got {backend!r}")
+        if backend not in torch._dynamo.list_backends(exclude_tags=()):
+            shown = sorted(set(torch._dynamo.list_backends()) | {"eager", "aot_eager"})
+            raise ValueError(f"compile_backbone.backend must be one of {shown} (or another name that "
+                             f"torch._dynamo.list_backends(exclude_tags=()) lists), got {backend!r}")
+    if backend not in (None, "inductor"):
+        return  # mode and options mean what that backend makes of them
+    mode, options = args.get("mode"), args.get("options")
+    if mode is None and options is None:
+        return
+    import torch._inductor
+
+    if mode is not None:
+        check_choice("compile_backbone.mode", mode, tuple(torch._inductor.list_mode_options()),
+                     hint="or leave mode out for 'default'")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise TypeError(f"compile_backbone.options must be a dict of inductor options such as {{max_autotune: true}}, "
+                            f"got {options!r}")
+        unknown = sorted(set(options) - set(torch._inductor.list_options()))
+        if unknown:
+            close = {k: difflib.get_close_matches(str(k), torch._inductor.list_options(), n=1) for k in unknown}
+            near = "; ".join(f"{k!r}: did you mean {v[0]!r}?" for k, v in close.items() if v)
+            raise ValueError(f"compile_backbone.options: {unknown} are no inductor options "
+                             f"(torch._inductor.list_options() names them){'; ' + near if near else ''}")
 
 
 def _channels_last_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -69,6 +69,64 @@ def test_debug_shows_the_parsers_full_message(capsys: pytest.CaptureFixture[str]
     assert "usage:" in err and "Option 'learning_rate' is not accepted" in err
 
 
+CLOC = ["--model", "CLOCModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
+
+
+@pytest.mark.parametrize(("args", "code", "expected"), [
+    # the second of two --config files
+    (["fit", "--config", "good.yaml", "--config", "bad.yaml"], 2,
+     "error: bad.yaml:4:8: invalid YAML: expected ',' or ']'"),
+    # inline values: the option in place of a file
+    (["fit", "--model", "{init_args:", *DATA], 2, "error: --model:1:12: invalid YAML: expected the node content"),
+    (["fit", *MODEL, *DATA, "--trainer={max_epochs:"], 2, "error: --trainer:1:13: invalid YAML: expected the node content"),
+    (["fit", *MODEL, *DATA, "--model.init_args.lr", "[1,"], 2,
+     "error: --model.init_args.lr:1:4: invalid YAML: expected the node content"),
+    # a text option may hold what is no YAML (a checkpoint filename template): only the refused key's value is blamed
+    (["fit", *MODEL, *DATA, "--trainer.default_root_dir", "{epoch}-{step}", "--trainer.max_epochz", "2"], 2,
+     "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs"),
+    # margins: an inline list and a margins file
+    (["fit", *CLOC, *DATA, "--model.learnable_map", "[[fixed, 0.5], [fixed, 0.7]"], 1,
+     "error: learnable_map:1:28: invalid YAML: expected ',' or ']', but got '<stream end>'"),
+    (["fit", *CLOC, *DATA, "--model.learnable_map", "margins.yaml"], 1,
+     "error: margins.yaml:3:1: invalid YAML: expected ',' or ']', but got '<stream end>'"),
+])
+def test_yaml_syntax_errors_name_the_file_line_and_column(args: list[str], code: int, expected: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Every YAML input (each --config, an inline {...}/[...] value, a margins file): ``<where>:<line>:<col>: invalid YAML``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 1}}))
+    (tmp_path / "bad.yaml").write_text("model:\n  class_path: CEModule\n  init_args: [num_classes: 4\ntrainer: {\n")
+    (tmp_path / "margins.yaml").write_text("learnable_map:\n  - [fixed, 0.5\n")
+    err = _fails(args, capsys, code)
+    assert expected in err, err
+    assert "<unicode string>" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_compile_backbone_values_are_refused_before_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``{mode: fastest}`` was a 60-line torch traceback at the first step that never named the option."""
+    monkeypatch.chdir(tmp_path)
+    err = _fails(["fit", *MODEL, *DATA, "--model.compile_backbone", "{mode: fastest}"], capsys, 1)
+    assert "error: compile_backbone.mode must be 'default', " in err and "'max-autotune'" in err, err
+    assert "got 'fastest'" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_debug_names_the_invalid_yaml_file_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """``--debug`` keeps the parser's full message and adds the ``file:line:col`` line (the parser says "<unicode string>")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 1}}))
+    (tmp_path / "bad.yaml").write_text("trainer: {max_epochs: 1\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", "good.yaml", "--config", "bad.yaml", "--debug"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "bad.yaml:2:1: invalid YAML: expected ',' or '}'" in err, err
+
+
 def test_missing_ckpt_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)

@@ -8,6 +8,7 @@ commands on an installed wheel, where they are ``cloc_lightning/_configs``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -113,13 +114,13 @@ def test_bare_group_name_suggests_its_configs(capsys: pytest.CaptureFixture[str]
 # ------------------------------------------------------------------ copy
 def test_copy_to_the_current_folder_then_refuses_to_overwrite(outside_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["configs", "copy", "cloc/demo"], capsys)
-    target = outside_repo / "demo.yaml"
+    target = outside_repo / "cloc_demo.yaml"  # <group>_<name>.yaml (was demo.yaml, which corn/demo's copy overwrote-or-refused)
     assert code == 0 and target.read_text() == (CONFIGS / "cloc" / "demo.yaml").read_text()
-    assert "copied cloc/demo to demo.yaml" in out
+    assert "copied cloc/demo to cloc_demo.yaml" in out
     target.write_text("edited: true\n")
     code, out, err = run(["configs", "copy", "configs/cloc/demo.yaml"], capsys)
     assert code == 1 and not out
-    assert "cloc-lightning: error: demo.yaml already exists; pass --force" in err
+    assert "cloc-lightning: error: cloc_demo.yaml already exists; pass --force" in err
     assert target.read_text() == "edited: true\n"  # untouched
     code, _, _ = run(["configs", "copy", "cloc/demo", "--force"], capsys)
     assert code == 0 and target.read_text() == (CONFIGS / "cloc" / "demo.yaml").read_text()
@@ -128,15 +129,47 @@ def test_copy_to_the_current_folder_then_refuses_to_overwrite(outside_repo: Path
 def test_copy_to_a_folder_or_a_file(outside_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (outside_repo / "mine").mkdir()
     assert run(["configs", "copy", "ce/demo", "mine"], capsys)[0] == 0
-    assert (outside_repo / "mine" / "demo.yaml").read_text() == (CONFIGS / "ce" / "demo.yaml").read_text()
+    assert (outside_repo / "mine" / "ce_demo.yaml").read_text() == (CONFIGS / "ce" / "demo.yaml").read_text()
     assert run(["configs", "copy", "ce/demo", "new/sub/"], capsys)[0] == 0  # a trailing / names a folder, created
-    assert (outside_repo / "new" / "sub" / "demo.yaml").is_file()
+    assert (outside_repo / "new" / "sub" / "ce_demo.yaml").is_file()
     assert run(["configs", "copy", "ce/demo", "exp/ce_small.yaml"], capsys)[0] == 0
     assert (outside_repo / "exp" / "ce_small.yaml").read_text() == (CONFIGS / "ce" / "demo.yaml").read_text()
     written = copy_config("relic/demo", outside_repo)
-    assert written == outside_repo / "demo.yaml" and written.is_file()
+    assert written == outside_repo / "relic_demo.yaml" and written.is_file()
     with pytest.raises(FileExistsError, match="--force"):
         copy_config("relic/demo", outside_repo)
+
+
+def test_copies_of_shipped_configs_never_collide(outside_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """cloc/demo then corn/demo into one folder: two files (both were demo.yaml: the second was refused)."""
+    assert run(["configs", "copy", "cloc/demo"], capsys)[0] == 0
+    code, out, err = run(["configs", "copy", "corn/demo"], capsys)
+    assert code == 0, err
+    assert "copied corn/demo to corn_demo.yaml" in out
+    assert (outside_repo / "cloc_demo.yaml").read_text() == (CONFIGS / "cloc" / "demo.yaml").read_text()
+    assert (outside_repo / "corn_demo.yaml").read_text() == (CONFIGS / "corn" / "demo.yaml").read_text()
+    (outside_repo / "all").mkdir()
+    every = [copy_config(name, outside_repo / "all").name for name in SHIPPED]
+    assert len(set(every)) == len(SHIPPED) == len(list((outside_repo / "all").iterdir()))
+
+
+def _read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write to (root writes anywhere: then /sys/kernel, which is read-only to root too)."""
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder if not os.access(folder, os.W_OK) else Path("/sys/kernel")
+
+
+def test_copy_into_a_read_only_folder_is_one_line(outside_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _read_only_folder(outside_repo)
+    code, out, err = run(["configs", "copy", "cloc/demo", str(folder)], capsys)
+    assert code == 1 and not out
+    assert err.startswith(f"cloc-lightning: error: cannot write {folder / 'cloc_demo.yaml'}: "), err
+    assert "give a folder you can write to" in err and "Traceback" not in err
+    rc, out, err = _entry(["configs", "copy", "cloc/demo", str(folder)], outside_repo)  # the console entry point too
+    assert rc == 1 and "Traceback" not in err, err
+    assert f"cloc-lightning: error: cannot write {folder / 'cloc_demo.yaml'}: " in err
 
 
 # ------------------------------------------------------------------ where the configs are found
@@ -244,7 +277,7 @@ def test_entry_point_answers_configs_without_importing_torch(tmp_path: Path) -> 
     assert "cloc-lightning: error: no shipped config named 'cloc/dmeo'; did you mean cloc/demo" in err
     assert "Traceback" not in err and "IMPORTED []" in err
     rc, out, err = _entry(["configs", "copy", "cloc/demo", "--debug"], tmp_path)
-    assert rc == 0 and (tmp_path / "demo.yaml").is_file()
+    assert rc == 0 and (tmp_path / "cloc_demo.yaml").is_file()
     rc, out, err = _entry(["configs", "copy", "cloc/demo", "--debug"], tmp_path)  # exists: --debug shows the traceback
     assert rc == 1 and "Traceback" in err and "FileExistsError" in err
 

@@ -349,6 +349,27 @@ def test_mistakes_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     with pytest.raises(TypeError, match="compile_backbone must be true, false or a dict"):
         _ce(compile_backbone="max-autotune")
 
+    # every value, not only the keys, is checked when the module is built (not at the first step of fit)
+    with pytest.raises(ValueError, match=r"compile_backbone\.mode must be .*'max-autotune'.* got 'fastest'"):
+        _ce(compile_backbone={"mode": "fastest"})
+    with pytest.raises(TypeError, match=r"compile_backbone\.fullgraph must be True or False, got 'yes'"):
+        _ce(compile_backbone={"fullgraph": "yes"})
+    with pytest.raises(TypeError, match=r"compile_backbone\.dynamic must be True, False or None, got 1"):
+        _ce(compile_backbone={"dynamic": 1})
+    with pytest.raises(ValueError, match=r"compile_backbone\.backend must be .*'inductor'.* got 'inducter'"):
+        _ce(compile_backbone={"backend": "inducter"})
+    with pytest.raises(TypeError, match=r"compile_backbone\.backend must be a backend name .* got 3"):
+        _ce(compile_backbone={"backend": 3})
+    with pytest.raises(ValueError, match=r"compile_backbone\.options: \['max_autotun'\] are no inductor options"):
+        _ce(compile_backbone={"options": {"max_autotun": True}})
+    with pytest.raises(TypeError, match=r"compile_backbone\.options must be a dict"):
+        _ce(compile_backbone={"options": ["max_autotune"]})
+    with pytest.raises(TypeError, match=r"compile_backbone\.recompile_limit must be an int, got '8'"):
+        _ce(compile_backbone={"recompile_limit": "8"})
+    for good in ({"mode": "max-autotune"}, {"mode": None, "fullgraph": True, "dynamic": None}, {"backend": "eager"},
+                 {"backend": "inductor", "options": {"max_autotune": True}}, {"disable": True}, True, False):
+        assert _ce(compile_backbone=good).hparams.compile_backbone == good
+
     class _OwnOptimiser(CEModule):
         def build_optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
             return torch.optim.AdamW(groups, lr=self.hparams.lr)

@@ -176,10 +176,10 @@ def test_installed_command_lists_copies_and_trains_the_demo(venv: Venv, outside:
     assert sorted(line.split()[0] for line in listed.splitlines()) == sorted(c.rsplit(".", 1)[0] for c in CONFIGS)
 
     copied = _ok(_run([venv.cli, "configs", "copy", "cloc/demo"], cwd=outside, timeout=300))
-    assert "copied cloc/demo to demo.yaml" in copied.stdout
-    assert (outside / "demo.yaml").read_text() == (REPO / "configs" / "cloc" / "demo.yaml").read_text()
+    assert "copied cloc/demo to cloc_demo.yaml" in copied.stdout
+    assert (outside / "cloc_demo.yaml").read_text() == (REPO / "configs" / "cloc" / "demo.yaml").read_text()
 
-    fit = _ok(_run([venv.cli, "fit", "--config", "demo.yaml", *SHORT], cwd=outside, timeout=600))
+    fit = _ok(_run([venv.cli, "fit", "--config", "cloc_demo.yaml", *SHORT], cwd=outside, timeout=600))
     _check_run(fit, outside)
 
 
