@@ -166,6 +166,7 @@ SAME_DEFAULT = {
     **{(cls, "num_classes"): "required and the first positional argument (Module(10)); the constructor's checks use it"
        for cls in (methods.CEModule, methods.CLOCModule, methods.OrdinalRegressionModule, OrdinalCLIPModule)},
     (LinearProbeModule, "backbone_kwargs"): "an override of the checkpoint's (None: the checkpoint's), not the base's option",
+    (LinearProbeModule, "pretrained"): "not used (the weights come from encoder_ckpt): refused unless false, documented so",
 }
 #: ``(class, argument)`` re-declared with another type: another meaning than the base's, and which
 OTHER_MEANING = {
@@ -178,8 +179,8 @@ OTHER_MEANING = {
 def _base_parameter(cls: type, name: str) -> tuple[type, inspect.Parameter] | None:
     """The nearest base of ``cls`` whose constructor declares ``name`` (up its constructor chain), and that parameter."""
     for klass in cls.__mro__[1:]:
-        if klass not in MODULES:
-            break
+        if not issubclass(klass, BaseModule):
+            continue  # a mixin (BestFinalTracking): its constructor, if any, takes no method option
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
