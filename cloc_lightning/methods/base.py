@@ -81,9 +81,9 @@ from cloc_lightning.methods.tracking import BestFinalTracking
 from cloc_lightning.metrics import TaskSetting, build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 from cloc_lightning.precision import check_precision
-from cloc_lightning.validation import check_choice, check_float
+from cloc_lightning.validation import check_choice, check_float, check_keywords
 
-__all__ = ["BaseModule", "ClassifierModule", "check_keywords"]
+__all__ = ["BaseModule", "ClassifierModule"]
 
 #: the ``torch.compile`` arguments that ``compile_backbone`` may set (all but the model)
 _COMPILE_ARGS = tuple(name for name in inspect.signature(torch.compile).parameters if name != "model")
@@ -115,23 +115,6 @@ def _channels_last_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any
 
 def _to_channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
-
-
-def check_keywords(owner: object, init: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    """Refuse a keyword in ``kwargs`` that the base constructor ``init`` does not take, naming ``owner``'s class.
-
-    A method passes its bases' arguments on with ``**kwargs``; a mistyped name would otherwise
-    surface as ``BaseModule.__init__() got an unexpected keyword argument``.  The bases that hand
-    ``**kwargs`` to :class:`BaseModule` call this first (``check_keywords(self, super().__init__,
-    kwargs)``), so the error names the class the user built.  Nothing is checked when ``init``
-    takes ``**kwargs`` itself.
-    """
-    params = inspect.signature(init).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    unknown = [name for name in kwargs if name not in params or params[name].kind is inspect.Parameter.POSITIONAL_ONLY]
-    if unknown:
-        raise TypeError(f"{type(owner).__name__}: got an unexpected keyword argument {unknown[0]!r}")
 
 
 class BaseModule(L.LightningModule):

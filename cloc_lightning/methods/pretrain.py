@@ -35,11 +35,11 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from cloc_lightning.methods.base import BaseModule, check_keywords
+from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.metrics import Task, TaskSetting
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe
-from cloc_lightning.validation import check_int
+from cloc_lightning.validation import check_int, check_keywords
 
 __all__ = ["MultiViewModule", "PretrainModule"]
 

@@ -135,6 +135,10 @@ def test_pretrain_module_takes_the_online_evaluators_arguments() -> None:
 def test_a_wrong_argument_names_the_class() -> None:
     with pytest.raises(TypeError, match="SupConModule: got an unexpected keyword argument 'lr_rate'"):
         SupConModule(backbone=TINY_BACKBONE, lr_rate=0.1)
+    with pytest.raises(TypeError, match="CEModule: got an unexpected keyword argument 'weight_decy'"):  # ClassifierModule's path
+        methods.CEModule(num_classes=3, backbone=TINY_BACKBONE, weight_decy=0.1)
+    with pytest.raises(TypeError, match="_MySupCon: got an unexpected keyword argument 'lr_rate'"):  # a user's subclass
+        _MySupCon(backbone=TINY_BACKBONE, lr_rate=0.1)
 
 
 class _MySupCon(SupConModule):
