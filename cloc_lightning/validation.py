@@ -18,14 +18,16 @@ part; the rest of the message stays the same.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool", "invalid_yaml"]
+__all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool", "invalid_yaml", "check_keywords"]
 
 
 def choices(literal_type: Any) -> tuple[Any, ...]:
@@ -180,3 +182,20 @@ def invalid_yaml(where: str, err: Exception) -> str:
     located = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
     extra = f" ({context} at line {context_mark.line + 1})" if context and context_mark is not None and problem != context else ""
     return f"{located}: invalid YAML: {problem}{extra}"
+
+
+def check_keywords(owner: object, init: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword in ``kwargs`` that the base constructor ``init`` does not take, naming ``owner``'s class.
+
+    A method passes its bases' arguments on with ``**kwargs``; a mistyped name would otherwise
+    surface as ``BaseModule.__init__() got an unexpected keyword argument``.  The bases that hand
+    ``**kwargs`` to :class:`~cloc_lightning.methods.base.BaseModule` call this first
+    (``check_keywords(self, super().__init__, kwargs)``), so the error names the class the user
+    built.  Nothing is checked when ``init`` takes ``**kwargs`` itself.
+    """
+    params = inspect.signature(init).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = [name for name in kwargs if name not in params or params[name].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if unknown:
+        raise TypeError(f"{type(owner).__name__}: got an unexpected keyword argument {unknown[0]!r}")

@@ -78,7 +78,7 @@ EXPERIMENT_LAYERS = {
 }
 
 #: inside ``methods/``: the bases and the helpers every method builds on (a method module, any other, builds on them)
-METHOD_BASES = {"base", "pretrain", "momentum", "defaults", "optim", "tracking", "grad_cache"}
+METHOD_BASES = {"base", "pretrain", "momentum", "optim", "tracking", "grad_cache"}
 
 
 def _module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
@@ -338,3 +338,20 @@ def test_the_experiment_runner_is_layered_and_stands_alone() -> None:
     tooling = sorted(f"{p.relative_to(REPO)} imports {top}" for p in _module_files(REPO).values()
                      for top in _imported_tops(p) & {"experiments", "benchmarks", "tests"})
     assert not tooling, "the library imports the repository's tooling:\n" + "\n".join(tooling)
+
+
+def test_no_private_lightning_name_is_imported() -> None:
+    """Public Lightning APIs only: no ``_name`` imported from ``lightning`` / ``pytorch_lightning`` (modules or names)."""
+    private = []
+    for module, path in _module_files(REPO).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning"):
+                dotted = [*(node.module or "").split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                dotted = [part for a in node.names if a.name.split(".")[0] in ("lightning", "pytorch_lightning")
+                          for part in a.name.split(".")]
+            else:
+                continue
+            if any(part.startswith("_") for part in dotted):
+                private.append(f"{module}:{node.lineno} imports {'.'.join(dotted)}")
+    assert not private, "private Lightning names imported (use a public API):\n" + "\n".join(private)

@@ -3,7 +3,6 @@
 from cloc_lightning.methods.base import BaseModule, ClassifierModule
 from cloc_lightning.methods.ce import CEModule
 from cloc_lightning.methods.cloc import CLOCModule
-from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.linear_probe import LinearProbeModule
 from cloc_lightning.methods.linear_regressor import LinearRegressorModule
 from cloc_lightning.methods.momentum import MomentumModule
@@ -22,4 +21,16 @@ __all__ += ["ReLICModule"]
 __all__ += ["RnCModule", "LinearRegressorModule"]
 __all__ += ["OrdinalRegressionModule"]
 __all__ += ["BestFinalTracking"]
-__all__ += ["MultiViewModule", "MomentumModule", "method_defaults"]
+__all__ += ["MultiViewModule", "MomentumModule"]
+
+
+def __getattr__(name: str) -> object:
+    """``method_defaults`` (removed): say what replaced it."""
+    if name == "method_defaults":
+        raise ImportError(
+            "cloc_lightning.methods.method_defaults was removed: a method now states a default it changes by "
+            "re-declaring that argument in its __init__ (the base's type, its own default) and passing it on to "
+            "super().__init__ by name, e.g. def __init__(self, *, lr: float = 0.05, **kwargs): super().__init__(lr=lr, "
+            "**kwargs); see docs/extending.md"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

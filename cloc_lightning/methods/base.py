@@ -83,7 +83,7 @@ from cloc_lightning.methods.tracking import BestFinalTracking
 from cloc_lightning.metrics import TaskSetting, build_metrics
 from cloc_lightning.nn.backbones import BackboneInit, create_backbone
 from cloc_lightning.precision import check_precision
-from cloc_lightning.validation import check_bool, check_choice, check_float, check_int
+from cloc_lightning.validation import check_bool, check_choice, check_float, check_int, check_keywords
 
 __all__ = ["BaseModule", "ClassifierModule"]
 
@@ -658,6 +658,7 @@ class ClassifierModule(BestFinalTracking, BaseModule):
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
         check_choice("task", task, TaskSetting)
+        check_keywords(self, super().__init__, kwargs)
         super().__init__(**kwargs)
         self.num_classes = num_classes
         self.task = task

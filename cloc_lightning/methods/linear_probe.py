@@ -24,14 +24,13 @@ from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_enc
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.methods.base import ClassifierModule
-from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.optim import OptimizerName
 from cloc_lightning.nn.encoders import build_registered_encoder, encoder_feature_dim
 from cloc_lightning.nn.online_probe import masked_cross_entropy
 
 __all__ = ["LinearProbeModule"]
 
 
-@method_defaults(optimizer="sgd", lr=0.1)
 class LinearProbeModule(ClassifierModule):
     """A linear classifier with cross-entropy on the frozen encoder of a stage-one checkpoint.
 
@@ -72,13 +71,14 @@ class LinearProbeModule(ClassifierModule):
         encoder_info: set automatically (the architecture read from ``encoder_ckpt``,
             stored so that this module's own checkpoints reload without the stage-one
             file); leave unset.
+        pretrained: not used: the encoder's weights come from ``encoder_ckpt`` (leave it ``false``).
+        optimizer: ``sgd`` (``main_linear.py``'s; momentum 0.9) | ``adam`` | ``adamw`` | ``radam``.
+        lr: base learning rate (``main_linear.py``'s 0.1).
         **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
             (``num_classes``, ``task``, the optimiser and schedule, ``init_from``, ...).
 
     Keyword Args:
         num_classes (int): classes of the linear classifier (must match the data module).
-        pretrained (bool | str): not used: the encoder's weights come from ``encoder_ckpt``
-            (leave it ``false``).
 
     Example::
 
@@ -113,14 +113,17 @@ class LinearProbeModule(ClassifierModule):
         backbone_kwargs: dict[str, Any] | None = None,
         normalize_features: bool = False,
         encoder_info: dict[str, Any] | None = None,
+        *,
+        pretrained: bool | str = False,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("pretrained") not in (None, False, "false", "False"):
+        if pretrained not in (None, False, "false", "False"):
             raise ValueError(
                 "LinearProbeModule takes its encoder weights from encoder_ckpt; remove 'pretrained' "
                 "(to probe timm's pretrained weights, train nothing in stage one: use a CEModule checkpoint or a state_dict file)"
             )
-        kwargs.pop("pretrained", None)
         if encoder_info is None and not encoder_ckpt:
             raise ValueError(
                 "LinearProbeModule needs encoder_ckpt: the checkpoint of a stage-one run, e.g. "
@@ -128,7 +131,7 @@ class LinearProbeModule(ClassifierModule):
             )
         # backbone / cifar_stem / backbone_kwargs (overrides of the checkpoint's) are read with the
         # stage-one checkpoint in prepare_build(), before the backbone is built
-        super().__init__(pretrained=False, **kwargs)
+        super().__init__(pretrained=False, optimizer=optimizer, lr=lr, **kwargs)
         if self._stage_one is not None:
             load_encoder_weights(self.backbone, self._stage_one)
             self._stage_one = None  # the weights now live in the backbone

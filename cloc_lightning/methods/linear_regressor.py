@@ -20,7 +20,6 @@ from torch import nn
 
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
-from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.linear_probe import LinearProbeModule
 
 __all__ = ["LinearRegressorModule"]
@@ -31,7 +30,6 @@ _NOMINAL = (
 )
 
 
-@method_defaults(lr=0.05, min_lr_ratio=0.008)
 class LinearRegressorModule(LinearProbeModule):
     """A linear regressor with the L1 loss on the frozen encoder of a stage-one checkpoint (RnC's stage two).
 
@@ -63,6 +61,9 @@ class LinearRegressorModule(LinearProbeModule):
     cosine to ``lr * 0.008`` (its ``lr_decay_rate ** 3`` = 0.2 ** 3).
 
     Args:
+        lr: base learning rate (``main_linear.py``'s 0.05 at batch 64).
+        min_lr_ratio: final cosine learning rate as a fraction of the base rate (``main_linear.py``'s
+            ``lr_decay_rate ** 3`` = 0.008).
         **kwargs: the :class:`~cloc_lightning.methods.LinearProbeModule` arguments (``encoder_ckpt``,
             ``backbone`` / ``cifar_stem`` overrides, ``normalize_features``, ``task``, the optimiser
             and schedule, ...).
@@ -88,10 +89,10 @@ class LinearRegressorModule(LinearProbeModule):
     monitor = "val/mae_expected"
     monitor_mode: Literal["min", "max"] = "min"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, lr: float = 0.05, min_lr_ratio: float = 0.008, **kwargs: Any) -> None:
         if kwargs.get("task") == "nominal":
             raise ValueError(_NOMINAL)
-        super().__init__(**kwargs)
+        super().__init__(lr=lr, min_lr_ratio=min_lr_ratio, **kwargs)
 
     # ------------------------------------------------------------------ hooks
     def build_head(self) -> nn.Module:

@@ -53,16 +53,14 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from cloc_lightning.callbacks.checks import is_logging_step
-from cloc_lightning.methods.defaults import method_defaults, take_arguments
 from cloc_lightning.methods.pretrain import PretrainModule
-from cloc_lightning.nn.ema import EMATarget
+from cloc_lightning.nn.ema import BetaSchedule, EMATarget
 
 __all__ = ["MomentumModule"]
 
 _T = TypeVar("_T")
 
 
-@method_defaults(EMATarget)
 class MomentumModule(PretrainModule):
     """A pre-training method whose networks have momentum (EMA) copies that follow them after every optimiser step.
 
@@ -78,21 +76,21 @@ class MomentumModule(PretrainModule):
     :attr:`backbone_modules` when the encoder's copy is renamed), :meth:`beta_at` (the momentum
     schedule), :meth:`update_target` / :meth:`copy_target` (what an update does).
 
-    Keyword Args:
-        beta (float): the initial momentum coefficient ``beta_0`` in ``[0, 1]`` (``1``: the target
+    Its own arguments are the :class:`~cloc_lightning.nn.ema.EMATarget`'s, handed to it by name.
+
+    Args:
+        beta: the initial momentum coefficient ``beta_0`` in ``[0, 1]`` (``1``: the target
             never moves, ``0``: it is a copy of the online network).
-        beta_schedule (str): ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
+        beta_schedule: ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
             the run's last optimiser step (ReLIC / BYOL).  ``'scl_train'``: the schedule of the
             "Sigmoid Contrastive Loss for Vision" seed script (a horizon two epochs longer than
             the run and a one-EMA-step lag; see :mod:`cloc_lightning.nn.ema`).
-        update_beta_after_step (int): the target is a copy of the online network after every
+        update_beta_after_step: the target is a copy of the online network after every
             optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after.
-        update_beta_every_n_steps (int): EMA update only after steps ``k`` divisible by this.
-
-    Args:
-        **kwargs: the :class:`~cloc_lightning.nn.ema.EMATarget` arguments above, the
-            :class:`~cloc_lightning.methods.pretrain.PretrainModule` ones (the online probe) and the
-            :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
+        update_beta_every_n_steps: EMA update only after steps ``k`` divisible by this.
+        **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the online
+            probe) and the :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser,
+            schedule).
     """
 
     #: online attribute -> attribute of its momentum copy (:meth:`add_momentum_targets`; the copies' ``state_dict`` prefixes)
@@ -100,8 +98,20 @@ class MomentumModule(PretrainModule):
     #: ``compile_backbone`` / ``channels_last`` apply to the online encoder and its momentum copy
     backbone_modules: ClassVar[tuple[str, ...]] = ("backbone", "target_encoder")
 
-    def __init__(self, **kwargs: Any) -> None:
-        ema = EMATarget(**take_arguments(EMATarget, kwargs))  # checks its arguments before the networks are built
+    def __init__(
+        self,
+        beta: float = 0.99,
+        beta_schedule: BetaSchedule = "relic",
+        update_beta_after_step: int = 0,
+        update_beta_every_n_steps: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        ema = EMATarget(  # checks its arguments before the networks are built
+            beta=beta,
+            beta_schedule=beta_schedule,
+            update_beta_after_step=update_beta_after_step,
+            update_beta_every_n_steps=update_beta_every_n_steps,
+        )
         super().__init__(**kwargs)
         #: the EMA of the online modules: the pairs, their update and the schedule of ``beta``
         self.ema = ema

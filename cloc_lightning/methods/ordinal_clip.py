@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
 from cloc_lightning.methods.base import ClassifierModule
-from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.optim import OptimizerName
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
 from cloc_lightning.nn.encoders import ProjectedEncoder
@@ -77,7 +77,6 @@ class _LoadedCLIP:
     logit_scale: float
 
 
-@method_defaults(optimizer="radam", lr=1e-4)
 class OrdinalCLIPModule(ClassifierModule):
     """OrdinalCLIP (Li et al., NeurIPS 2022): learned rank prompts on a frozen CLIP text encoder.
 
@@ -140,6 +139,9 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
+        optimizer: ``radam`` (the reference's and this module's default; decoupled weight
+            decay, see :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
+        lr: base learning rate (the reference's and this module's default: 1e-4 for every group).
         **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, the optimiser and
             schedule, ``init_from``, ...).
@@ -148,9 +150,6 @@ class OrdinalCLIPModule(ClassifierModule):
         backbone (str): timm model name for ``image_encoder: timm``.
         cifar_stem (bool): 3x3 stem without max-pool for the timm backbone (32 px images).
         backbone_kwargs (dict[str, Any] | None): extra ``timm.create_model`` arguments of the timm backbone.
-        optimizer (str): ``radam`` (the reference's and this module's default; decoupled weight
-            decay, see :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
-        lr (float): base learning rate (the reference's and this module's default: 1e-4 for every group).
         weight_decay (float): weight decay of every group except the logit scale.
     """
 
@@ -186,6 +185,9 @@ class OrdinalCLIPModule(ClassifierModule):
         rank_lr: float | None = None,
         image_encoder_lr: float | None = None,
         logit_scale_lr: float | None = None,
+        *,
+        optimizer: OptimizerName = "radam",
+        lr: float = 1e-4,
         **kwargs: Any,
     ) -> None:
         # cheap checks first: a config error must not wait for a CLIP model to be built
@@ -215,7 +217,7 @@ class OrdinalCLIPModule(ClassifierModule):
             ce_weight=ce_weight, kl_weight=kl_weight, target_sharpness=target_sharpness, check_finite=check_finite
         )
         OrdinalCLIPLoss(**loss_kwargs)  # validates the weights before anything is built
-        super().__init__(num_classes=num_classes, **kwargs)
+        super().__init__(num_classes=num_classes, optimizer=optimizer, lr=lr, **kwargs)
         self._loaded_clip = None  # build_head has taken what it needs; a subclass's head may not have
         #: projection of timm features to D (identity for CLIP's visual tower, which ends at D)
         self.image_proj: nn.Module = (

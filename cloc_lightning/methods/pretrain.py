@@ -3,9 +3,11 @@
 :class:`PretrainModule` is :class:`~cloc_lightning.methods.base.BaseModule` (backbone,
 optimiser, schedule, checkpoints) plus one online-evaluation component,
 :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator` (a linear probe on detached
-features and a kNN monitor): its arguments (declared once, by the evaluator) and their
+features and a kNN monitor): its arguments and their
 checks, its setup from the data module, its optimiser group, the best-checkpoint monitor,
-and the validation, test and predict steps.  A method subclasses it with only what differs:
+and the validation, test and predict steps.  The evaluator's arguments are the module's options
+(``model.knn_k``, ...): :class:`PretrainModule` declares them in its signature and hands them to the
+evaluator by name.  A method subclasses it with only what differs:
 its networks, its loss and its ``training_step``.
 :class:`~cloc_lightning.methods.momentum.MomentumModule` adds momentum (EMA) copies of the
 networks (the base of ReLIC), and :class:`MultiViewModule` (the base of SupCon/SimCLR and Rank-N-Contrast) adds what methods
@@ -34,16 +36,14 @@ import torch
 from torch import nn
 
 from cloc_lightning.methods.base import BaseModule
-from cloc_lightning.methods.defaults import method_defaults, take_arguments
-from cloc_lightning.metrics import Task
+from cloc_lightning.metrics import Task, TaskSetting
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.nn.online_probe import OnlineEvaluator, OnlineLinearProbe
-from cloc_lightning.validation import check_int
+from cloc_lightning.validation import check_int, check_keywords
 
 __all__ = ["MultiViewModule", "PretrainModule"]
 
 
-@method_defaults(OnlineEvaluator)
 class PretrainModule(BaseModule):
     """Backbone + online evaluation (linear probe and kNN monitor) for pre-training methods.
 
@@ -64,19 +64,49 @@ class PretrainModule(BaseModule):
     :meth:`add_online_eval_loss` (or ``self.online_eval.training_step``) and may override
     :meth:`eval_views` (multi-view evaluation batches) and :meth:`build_online_probe`.
 
-    Its arguments are :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator`'s (``num_classes``,
-    ``task``, ``online_probe``, ``online_probe_lr``, ``knn_k``, ``knn_bank_size``,
-    ``knn_temperature``, ``online_probe_norm``; declared and documented there, taken here through
-    :func:`~cloc_lightning.methods.defaults.method_defaults`) and
+    Its own arguments are the :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator`'s (with the
+    evaluator's defaults, which a method may change by re-declaring them); the rest are
     :class:`~cloc_lightning.methods.base.BaseModule`'s.
 
     Args:
-        **kwargs: the :class:`~cloc_lightning.nn.online_probe.OnlineEvaluator` and
-            :class:`~cloc_lightning.methods.base.BaseModule` arguments.
+        num_classes: classes of the online probe; ``None`` = the data module's.
+        task: probe metrics: ``nominal``, ``ordinal`` or ``auto`` (the data module's).
+        online_probe: train and report the online linear probe.
+        online_probe_lr: the probe's learning rate (``None`` = the method's ``lr``).
+        knn_k: neighbours of the kNN monitor (0 disables it).
+        knn_bank_size: training features kept for the kNN monitor.
+        knn_temperature: temperature of the kNN vote.
+        online_probe_norm: normalise the features (``BatchNorm1d`` without affine) before the
+            probe's linear layer, so its step size does not depend on the feature scale;
+            ``false`` = the linear layer on raw features (also needed to load checkpoints saved
+            without it).
+        **kwargs: the :class:`~cloc_lightning.methods.base.BaseModule` arguments (backbone,
+            optimiser, schedule, ...).
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        online_eval = OnlineEvaluator(**take_arguments(OnlineEvaluator, kwargs))
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        task: TaskSetting = "auto",
+        online_probe: bool = True,
+        online_probe_lr: float | None = None,
+        knn_k: int = 0,
+        knn_bank_size: int = 4096,
+        knn_temperature: float = 0.07,
+        online_probe_norm: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        online_eval = OnlineEvaluator(  # checks its arguments before the backbone is built
+            num_classes=num_classes,
+            task=task,
+            online_probe=online_probe,
+            online_probe_lr=online_probe_lr,
+            knn_k=knn_k,
+            knn_bank_size=knn_bank_size,
+            knn_temperature=knn_temperature,
+            online_probe_norm=online_probe_norm,
+        )
+        check_keywords(self, super().__init__, kwargs)
         super().__init__(**kwargs)
         #: the online-evaluation component (probe + kNN bank)
         self.online_eval = online_eval

@@ -37,9 +37,9 @@ from torch import nn
 from cloc_lightning.callbacks.checks import is_logging_step
 from cloc_lightning.losses.base import Loss, compute_dtype, upcast
 from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
-from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.grad_cache import cached_backward, check_mini_batch_size, check_mini_batches, chunk_backward, mini_batch_slices
 from cloc_lightning.methods.momentum import MomentumModule
+from cloc_lightning.methods.optim import SchedulerName
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int
 
@@ -61,7 +61,6 @@ def cosine_gamma(step: int, total_steps: int, gamma0: float) -> float:
 
 
 # ---------------------------------------------------------------------- module
-@method_defaults(online_probe_lr=0.01, knn_k=20, lr=3e-4, weight_decay=1e-5, scheduler="none", update_beta_after_step=1)
 class ReLICModule(MomentumModule):
     """ReLIC pre-training with the sigmoid contrastive loss (online + EMA target, multi-crop).
 
@@ -113,6 +112,15 @@ class ReLICModule(MomentumModule):
         negatives: ``'mini_batch'`` or ``'full_batch'`` (see above; only with ``mini_batch_size``).
         gather_distributed: contrast against the global batch under DDP (passed to the
             loss); ``None`` = on (a no-op on one process).
+        lr: base learning rate (the seed's 3e-4, Adam).
+        weight_decay: weight decay of the default group (the seed's 1e-5, also on ``tau`` and ``b``).
+        scheduler: ``none`` (the seed's constant learning rate) | ``cosine`` | ``step``.
+        online_probe_lr: the probe's learning rate (``None`` = ``lr``; ReLIC's default 0.01 suits
+            Adam on L2-normalised features).
+        knn_k: neighbours of the kNN monitor (0 disables it; 20 here).
+        update_beta_after_step: the target is a copy of the online network after every
+            optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after (1 here,
+            as the seed).
         **kwargs: the :class:`~cloc_lightning.methods.momentum.MomentumModule` arguments (the EMA
             target: ``beta`` and its schedule), the :class:`~cloc_lightning.methods.pretrain.PretrainModule` ones (the
             online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
@@ -126,11 +134,7 @@ class ReLICModule(MomentumModule):
             schedule -- horizon ``steps_per_epoch * (max_epochs + 2) - update_beta_after_step``
             (:func:`scl_train_beta_horizon`; with ``max_steps`` the run's steps plus two
             epochs) and a one-EMA-step lag (:func:`scl_train_beta`), so beta never reaches 1.
-        update_beta_after_step (int): the target is a copy of the online network after every
-            optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after.
         update_beta_every_n_steps (int): EMA update only after steps ``k`` divisible by this.
-        online_probe_lr (float | None): the probe's learning rate (``None`` = ``lr``; ReLIC's
-            default 0.01 suits Adam on L2-normalised features).
 
     Subclassing: override :meth:`build_projector` (``[B, feature_dim] -> [B, D]``),
     :meth:`build_loss`, :meth:`build_online_probe`, ``build_backbone`` (base class), or the
@@ -165,6 +169,13 @@ class ReLICModule(MomentumModule):
         mini_batch_size: int | None = None,
         negatives: Negatives = "mini_batch",
         gather_distributed: bool | None = None,
+        *,
+        lr: float = 3e-4,
+        weight_decay: float = 1e-5,
+        scheduler: SchedulerName = "none",
+        online_probe_lr: float | None = 0.01,
+        knn_k: int = 20,
+        update_beta_after_step: int = 1,
         **kwargs: Any,
     ) -> None:
         check_int("num_global_views", num_global_views, 1)
@@ -182,7 +193,10 @@ class ReLICModule(MomentumModule):
         check_int("gamma_scaling_steps", gamma_scaling_steps, 1)
         check_mini_batch_size(mini_batch_size)
         check_choice("negatives", negatives, Negatives)
-        super().__init__(**kwargs)
+        super().__init__(
+            lr=lr, weight_decay=weight_decay, scheduler=scheduler, online_probe_lr=online_probe_lr, knn_k=knn_k,
+            update_beta_after_step=update_beta_after_step, **kwargs,
+        )
         self.num_global_views = num_global_views
         self.num_local_views = num_local_views
         self.mini_batch_size = mini_batch_size

@@ -46,14 +46,13 @@ from torch import nn
 
 from cloc_lightning.checks import require
 from cloc_lightning.losses.rnc import FeatureSimilarity, LabelDistance, RnCLoss
-from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.optim import OptimizerName
 from cloc_lightning.methods.pretrain import MultiViewModule
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 __all__ = ["RnCModule"]
 
 
-@method_defaults(optimizer="sgd", lr=0.5, weight_decay=1e-4, min_lr_ratio=1e-3)
 class RnCModule(MultiViewModule):
     """Rank-N-Contrast pre-training (Zha et al., NeurIPS 2023): :class:`~cloc_lightning.losses.RnCLoss` on multi-view batches.
 
@@ -86,6 +85,11 @@ class RnCModule(MultiViewModule):
         projector_hidden_dim: hidden width of that projector (``None`` = feature dim).
         gather_distributed: under DDP, contrast against the global batch (features all-gathered
             with gradients); a no-op on one process.
+        optimizer: ``sgd`` (``main_rnc.py``'s; momentum 0.9) | ``adam`` | ``adamw`` | ``radam``.
+        lr: base learning rate (``main_rnc.py``'s 0.5 at batch 256).
+        weight_decay: weight decay of the default group (``main_rnc.py``'s 1e-4).
+        min_lr_ratio: final cosine learning rate as a fraction of the base rate (``main_rnc.py``'s
+            ``lr_decay_rate ** 3`` = 1e-3).
         **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the online
             probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
             :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
@@ -112,6 +116,11 @@ class RnCModule(MultiViewModule):
         projector_dim: int | None = None,
         projector_hidden_dim: int | None = None,
         gather_distributed: bool = True,
+        *,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.5,
+        weight_decay: float = 1e-4,
+        min_lr_ratio: float = 1e-3,
         **kwargs: Any,
     ) -> None:
         check_float("temperature", temperature, minimum=0.0, strict_minimum=True, hint="the paper's is 2 (--model.temperature 2.0)")
@@ -125,7 +134,7 @@ class RnCModule(MultiViewModule):
             "protocol): set n_views: 2 and data.train_views to SupConViews(n_views: 2)",
         )
         self.check_projector_dims(projector_dim, projector_hidden_dim, none_means="no projector (the paper)")
-        super().__init__(**kwargs)
+        super().__init__(optimizer=optimizer, lr=lr, weight_decay=weight_decay, min_lr_ratio=min_lr_ratio, **kwargs)
         self.n_views = n_views
         self.temperature = float(temperature)
         self.projector = self.build_projector()

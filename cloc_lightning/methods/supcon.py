@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from cloc_lightning.losses.supcon import DEFAULT_BASE_TEMPERATURE, SupConLoss
-from cloc_lightning.methods.defaults import method_defaults
+from cloc_lightning.methods.optim import OptimizerName
 from cloc_lightning.methods.pretrain import MultiViewModule
 from cloc_lightning.validation import check_int, choices
 
@@ -31,7 +31,6 @@ Method = Literal["supcon", "simclr"]
 DEFAULT_TEMPERATURE = {"supcon": 0.1, "simclr": 0.5}
 
 
-@method_defaults(optimizer="sgd", lr=0.05, weight_decay=1e-4, warmup_epochs=1.0, min_lr_ratio=1e-3)
 class SupConModule(MultiViewModule):
     """Contrastive pre-training with :class:`~cloc_lightning.losses.SupConLoss` (SupCon, or SimCLR without labels).
 
@@ -68,6 +67,11 @@ class SupConModule(MultiViewModule):
         projector_dim: output dimension of the projector (128 in the paper).
         gather_distributed: under DDP, contrast against the global batch (features
             all-gathered with gradients); a no-op on one process.
+        optimizer: ``sgd`` (SupContrast's; momentum 0.9) | ``adam`` | ``adamw`` | ``radam``.
+        lr: base learning rate (SupContrast's 0.05 for batch 256).
+        weight_decay: weight decay of the default group (SupContrast's 1e-4).
+        warmup_epochs: linear warm-up length (fractions allowed; one epoch here).
+        min_lr_ratio: final cosine learning rate as a fraction of the base rate (1e-3 here).
         **kwargs: the :class:`~cloc_lightning.methods.pretrain.PretrainModule` arguments (the
             online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
             :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
@@ -83,6 +87,12 @@ class SupConModule(MultiViewModule):
         projector_hidden_dim: int | None = None,
         projector_dim: int = 128,
         gather_distributed: bool = True,
+        *,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.05,
+        weight_decay: float = 1e-4,
+        warmup_epochs: float = 1.0,
+        min_lr_ratio: float = 1e-3,
         **kwargs: Any,
     ) -> None:
         if method not in choices(Method):
@@ -91,7 +101,10 @@ class SupConModule(MultiViewModule):
         if method == "simclr" and n_views < 2:
             raise ValueError("simclr needs n_views >= 2 (the positives are the other views of the same image)")
         self.check_projector_dims(projector_dim, projector_hidden_dim)
-        super().__init__(**kwargs)
+        super().__init__(
+            optimizer=optimizer, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
+            **kwargs,
+        )
         self.method = method
         self.n_views = n_views
         self.temperature = float(temperature) if temperature is not None else DEFAULT_TEMPERATURE[method]

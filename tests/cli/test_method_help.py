@@ -1,8 +1,8 @@
 """``--model.help`` of every method documents every option and shows the method's own defaults; ``--print_config`` too.
 
 The optimiser / schedule / online-probe arguments are declared once (``BaseModule``,
-``OnlineEvaluator``); a method states only the defaults it changes (``method_defaults``).  What a
-user sees must still be complete: every ``--model.<name>`` with a description, and each default as
+``PretrainModule``, ``MomentumModule``); a method re-declares only an argument whose default it changes
+and passes the rest on with ``**kwargs``, which jsonargparse follows.  What a user sees must still be complete: every ``--model.<name>`` with a description, and each default as
 the method's constructor has it -- checked against the constructors walked here independently and
 against the references' values.
 """
@@ -18,7 +18,7 @@ import yaml
 
 import cloc_lightning.methods as methods
 from cloc_lightning.cli import main
-from tests.methods.test_method_defaults import METHOD_DEFAULTS
+from tests.methods.test_method_defaults import METHOD_DEFAULTS, constructor_chain
 
 METHODS = ["CEModule", "CLOCModule", "SupConModule", "RnCModule", "ReLICModule", "LinearProbeModule",
            "LinearRegressorModule", "OrdinalCLIPModule", "OrdinalRegressionModule"]
@@ -99,6 +99,6 @@ def test_print_config_shows_the_methods_defaults(cls: type, capsys: pytest.Captu
     assert exit_.value.code in (0, None)
     init_args = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     # num_classes is linked from the data module (cloc_lightning.cli): jsonargparse leaves link targets out
-    assert set(init_args) == set(inspect.signature(cls).parameters) - {"num_classes"}
+    assert set(init_args) == set(constructor_chain(cls)) - {"num_classes"}
     for option, value in METHOD_DEFAULTS[cls].items():
         assert init_args[option] == value, (cls.__name__, option)

@@ -26,6 +26,7 @@ from torch import nn
 
 from cloc_lightning.methods import MomentumModule
 from tests.conftest import cpu_trainer, tiny_shapes
+from tests.methods.test_method_defaults import constructor_chain
 
 QUIET = dict(online_probe=False, knn_k=0)
 
@@ -230,7 +231,7 @@ def test_momentum_targets_names_the_copies_and_their_state_dict_keys() -> None:
 def test_arguments_are_the_ema_targets_and_recorded_in_hparams() -> None:
     params = inspect.signature(MomentumModule).parameters
     assert list(params)[:4] == ["beta", "beta_schedule", "update_beta_after_step", "update_beta_every_n_steps"]
-    assert {"lr", "backbone", "online_probe"} <= set(params)
+    assert {"lr", "backbone", "online_probe"} <= set(constructor_chain(MomentumModule))  # the bases', through **kwargs
     m = _make(beta=0.7, beta_schedule="scl_train", update_beta_every_n_steps=3)
     assert (m.hparams.beta, m.hparams.beta_schedule, m.hparams.update_beta_every_n_steps) == (0.7, "scl_train", 3)
     assert (m.ema.beta, m.ema.beta_schedule, m.ema.update_beta_every_n_steps) == (0.7, "scl_train", 3)
