@@ -41,6 +41,7 @@ LAYERS = {
     "helptext": 9,
     "data_contract": 9,
     "hub": 9,
+    "threads": 9,
 }
 
 #: inside ``data/``: module -> layer (0 = top), the same rule one level down: the concrete data modules stand on
