@@ -493,7 +493,7 @@ def case_test_table_and_closing_line(a: Audit) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- issue 42 round 2: items 6, 7, 8, 10, 11
 # Each returns a "verdict" computed from what it observed: "good" (refused or warned with one line naming the
 # fix), "silent" (exit 0 with a result that is not one) or "buried" (the cause not in a one-line message).
-def _verdict(o: Outcome, marker: str) -> str:
+def _marker_verdict(o: Outcome, marker: str) -> str:
     """``good`` when the command failed with a first error line matching ``marker`` and no traceback; else silent/buried."""
     if o.rc == 0:
         return "silent"
@@ -503,7 +503,7 @@ def _verdict(o: Outcome, marker: str) -> str:
 
 
 def _judged(o: Outcome, marker: str, note: str = "") -> dict[str, Any]:
-    return {**_fmt(o, note), "verdict": _verdict(o, marker)}
+    return {**_fmt(o, note), "verdict": _marker_verdict(o, marker)}
 
 
 def case_yaml_error_second_config(a: Audit) -> dict[str, Any]:
@@ -554,7 +554,7 @@ def case_configs_copy_two_demos(a: Audit) -> dict[str, Any]:
     if first.rc == 0 and second.rc == 0:
         verdict = "good" if len(files) == 2 and texts == shipped else "silent"  # both kept, or one lost
     else:  # a refusal is fine only when its one line says that another shipped config holds the name
-        verdict = _verdict(second if first.rc == 0 else first, r"already exists.*(cloc/demo|another|different) (shipped )?config")
+        verdict = _marker_verdict(second if first.rc == 0 else first, r"already exists.*(cloc/demo|another|different) (shipped )?config")
     return {**_fmt(second, f"files {files}"), "verdict": verdict}
 
 
