@@ -78,7 +78,7 @@ EXPERIMENT_LAYERS = {
 }
 
 #: inside ``methods/``: the bases and the helpers every method builds on (a method module, any other, builds on them)
-METHOD_BASES = {"base", "pretrain", "momentum", "defaults", "optim", "tracking", "grad_cache"}
+METHOD_BASES = {"base", "classifier", "pretrain", "momentum", "defaults", "optim", "tracking", "grad_cache"}
 
 
 def _module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
