@@ -56,6 +56,7 @@ DATA_LAYERS = {
     "cache": 2,
     "transforms": 2,
     "eval_sharding": 2,
+    "predict": 2,
     "device_augment": 3,
     "tables": 3,
     "overlap": 3,
