@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 
@@ -27,12 +27,11 @@ from tests.conftest import TINY_BACKBONE, cli_env, cli_in_process, cpu_trainer, 
 _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
-def _trainer(tmp_path: Path, callbacks: list[Any] | None = None, epochs: int = 4) -> L.Trainer:
-    return cpu_trainer(tmp_path, max_epochs=epochs, callbacks=callbacks or [], limit_train_batches=2, limit_val_batches=2)
+_trainer = functools.partial(cpu_trainer, max_epochs=4, limit_train_batches=2, limit_val_batches=2)
 
 
 def test_a_checkpoint_of_another_module_or_backbone_is_refused(tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path, epochs=1)
+    trainer = _trainer(tmp_path, max_epochs=1)
     trainer.fit(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
     ce_ckpt = trainer.checkpoint_callback.last_model_path
     stored = torch.load(ce_ckpt, map_location="cpu", weights_only=False)[MODULE_META_KEY]
@@ -97,7 +96,7 @@ def test_a_checkpoint_of_another_class_count_names_which_side_said_what(tmp_path
 
     monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
     eight = CLOCModule(num_classes=8, backbone=TINY_BACKBONE)
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer = cpu_trainer(tmp_path)
     trainer.strategy.connect(eight)
     trainer.save_checkpoint(str(tmp_path / "eight.ckpt"))
     code, _out, err = _cli(["validate", *_tiny_cli(tmp_path, 5), "--ckpt_path", str(tmp_path / "eight.ckpt")], capsys)
@@ -106,7 +105,7 @@ def test_a_checkpoint_of_another_class_count_names_which_side_said_what(tmp_path
     assert "model.num_classes=8 but" not in err
     # the Python API: refused before any weight loads, both values named
     with pytest.raises(CheckpointMismatchError, match="trained with num_classes=8, but the configured model says num_classes=5"):
-        L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path)).validate(
+        cpu_trainer(tmp_path).validate(
             CLOCModule(num_classes=5, backbone=TINY_BACKBONE),
             datamodule=OrdinalShapesDataModule(num_classes=5, val_size=8, batch_size=8, num_workers=0, image_size=16),
             ckpt_path=str(tmp_path / "eight.ckpt"),

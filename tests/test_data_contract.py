@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
 from cloc_lightning.data_contract import DataContractError, DataInfo, datamodule_info
 from cloc_lightning.methods import CEModule, SupConModule
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer
 
 
 def _shapes(**kw: Any) -> OrdinalShapesDataModule:
@@ -35,9 +36,7 @@ class _PlainData(L.LightningDataModule):
         return self._loader()
 
 
-def _trainer(tmp_path: Path) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, default_root_dir=str(tmp_path))
+_trainer = functools.partial(cpu_trainer, max_epochs=1, enable_checkpointing=False)
 
 
 def test_reads_every_field_of_a_base_data_module() -> None:
@@ -124,8 +123,7 @@ def test_the_model_accessor_reads_the_attached_data_module(tmp_path: Path) -> No
             seen.update(info=pl_module.datamodule_info, task=pl_module.resolved_task(), callback=datamodule_info(trainer, "Look"))
 
     dm = _shapes()
-    trainer = L.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[Look()])
+    trainer = cpu_trainer(tmp_path, max_steps=1, limit_val_batches=0, enable_checkpointing=False, callbacks=[Look()])
     trainer.fit(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=dm)
     assert seen["info"].datamodule is dm and seen["info"].owner == "CEModule" and seen["task"] == "ordinal"
     assert seen["callback"].datamodule is dm and seen["callback"].owner == "Look"

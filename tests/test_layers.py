@@ -57,6 +57,7 @@ DATA_LAYERS = {
     "cache": 2,
     "transforms": 2,
     "eval_sharding": 2,
+    "predict": 2,
     "device_augment": 3,
     "tables": 3,
     "overlap": 3,
@@ -79,7 +80,7 @@ EXPERIMENT_LAYERS = {
 }
 
 #: inside ``methods/``: the bases and the helpers every method builds on (a method module, any other, builds on them)
-METHOD_BASES = {"base", "pretrain", "momentum", "optim", "tracking", "grad_cache"}
+METHOD_BASES = {"base", "classifier", "pretrain", "momentum", "optim", "tracking", "grad_cache"}
 
 
 def _module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:

@@ -26,7 +26,6 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -36,7 +35,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_sizes
 from cloc_lightning.data.datasets import (
-    IMAGE_EXTENSIONS,
     BadFiles,
     ImageFileDataset,
     LabelledDataset,
@@ -46,7 +44,8 @@ from cloc_lightning.data.datasets import (
 from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
 from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
-from cloc_lightning.data.tables import CSVRows, hash_fraction, integer_label, read_csv_rows
+from cloc_lightning.data.predict import read_predict_root
+from cloc_lightning.data.tables import hash_fraction
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -365,75 +364,29 @@ class BaseDataModule(L.LightningDataModule):
         return batch
 
     def build_predict_set(self) -> LabelledDataset:
-        """The images of ``predict_root``: a folder (unlabelled) or a CSV of paths (labelled with a ``label`` column).
+        """The images of ``predict_root``: a folder (unlabelled) or a CSV of paths (labelled with a ``label`` column
+        read by :func:`~cloc_lightning.data.tables.label_indices`, see :meth:`labels_are_indices`).
 
         Raises:
             DataConfigError: a missing folder or CSV, no images, no ``path`` column, missing
                 files or labels outside the data module's classes; the message names the fix.
         """
         assert self.predict_root is not None, "predict_root is not set"
-        root = Path(os.path.expanduser(self.predict_root))
-        if root.suffix.lower() == ".csv":
-            return self._predict_csv(root)
-        if not root.is_dir():
-            raise DataConfigError(
-                f"predict_root {str(root)!r} does not exist or is not a directory; point data.predict_root at a "
-                "folder of images or at a .csv file with a 'path' column (or leave it unset to predict the test split)"
-            )
-        files = sorted(
-            (p for p in root.rglob("*") if p.is_file() and p.name.lower().endswith(IMAGE_EXTENSIONS)),
-            key=lambda p: p.relative_to(root).as_posix(),
-        )
-        if not files:
-            raise DataConfigError(
-                f"no images under predict_root {str(root)!r} (searched recursively for {', '.join(IMAGE_EXTENSIONS)}); "
-                "put the images there or point data.predict_root at the folder that holds them"
-            )
-        return ImageFileDataset([str(p) for p in files], None, "raise")
+        return read_predict_root(self.predict_root, self._label_classes)
 
-    def _predict_csv(self, path: Path) -> ImageFileDataset:
-        table = read_csv_rows(
-            path, ["path"], name="predict_root CSV",
-            fix="point data.predict_root at an existing .csv file with a 'path' column, or at a folder of images",
-            no_column="predict_root CSV {path!r} has no {column!r} column (columns: {columns}); give it a header row "
-            "with a 'path' column of image paths relative to the CSV's folder (and optionally 'label')",
-            no_rows_fix="list one image path per row",
-        )
-        files = table.files("path", path.parent)
-        missing = table.missing(files, "path")
-        if missing:
-            raise DataConfigError(
-                f"{len(missing)} path(s) in predict_root CSV {str(path)!r} are not files (paths are relative to "
-                f"the CSV's folder {str(path.parent)!r}): {table.describe(missing, 'path')}; fix or remove those rows"
-            )
-        if "label" not in table.columns:
-            return ImageFileDataset(files, None, "raise")
-        return ImageFileDataset(files, self._predict_labels(table), "raise")
+    def _label_classes(self) -> tuple[list[str], bool]:
+        """``(class_names, labels_are_indices)``, the classes discovered first (``num_classes``)."""
+        n = self.num_classes
+        return list(self.class_names)[:n], self.labels_are_indices()
 
-    def _predict_labels(self, table: CSVRows) -> list[int]:
-        """The ``label`` column of a predict CSV as class indices: integers in ``[0, num_classes)`` or class names."""
-        n, names = self.num_classes, list(self.class_names)
-        values = [r["label"] for r in table.rows]
-        numeric = all(integer_label(v) is not None for v in values if v)
-        lookup = {name: c for c, name in enumerate(names)}
-        labels: list[int] = []
-        bad: list[int] = []
-        for i, v in enumerate(values):
-            index = integer_label(v) if numeric and v else None
-            if index is not None and 0 <= index < n:
-                labels.append(index)
-            elif not numeric and v in lookup:
-                labels.append(lookup[v])
-            else:
-                bad.append(i)
-        if bad:
-            expected = f"integers in [0, {n})" if numeric else f"names from class_names {names[:10]}"
-            raise DataConfigError(
-                f"{len(bad)} label(s) in predict_root CSV {str(table.path)!r} are not {expected}: "
-                f"{table.describe(bad, 'path', 'label')}; fix those rows, or drop the 'label' column "
-                "to predict without targets"
-            )
-        return labels
+    def labels_are_indices(self) -> bool:
+        """Whether this data module's labels are class indices ``0..C-1`` that ``class_names`` only names (the
+        built-in data sets; default) or the class names themselves (class folders, string CSV labels: ``False``).
+
+        How a label text becomes a class (:func:`~cloc_lightning.data.tables.label_indices`): with ``False``
+        a predict CSV's label ``2`` names the class ``'2'``, never class index 2.
+        """
+        return True
 
     # ------------------------------------------------------------- internals
     def _readable(self, ds: LabelledDataset, split: str) -> list[int] | None:

@@ -11,7 +11,15 @@ from typing import Any
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
 from cloc_lightning.data.errors import DataConfigError, check_val_fraction, config_errors
-from cloc_lightning.data.tables import CSVRows, class_order, hash_split, integer_label, is_number, read_csv_rows
+from cloc_lightning.data.tables import (
+    CSVRows,
+    class_order,
+    hash_split,
+    integer_label,
+    is_number,
+    label_indices,
+    read_csv_rows,
+)
 from cloc_lightning.metrics import Task
 from cloc_lightning.validation import check_choice, check_int
 
@@ -121,6 +129,10 @@ class ImageFolderDataModule(BaseDataModule):
             )
         return list(self.class_order)
 
+    def labels_are_indices(self) -> bool:
+        """``False``: the class folders' names are the labels (a predict CSV's ``2`` names the folder ``2``)."""
+        return False
+
     def build_predict_set(self) -> LabelledDataset:
         """``predict_root`` as the base class reads it; a folder whose every image lies in a class sub-folder
         (``<predict_root>/<class>/...``, the training classes' names) gets those classes as targets.
@@ -133,16 +145,17 @@ class ImageFolderDataModule(BaseDataModule):
         root = Path(os.path.expanduser(self.predict_root))
         if not isinstance(ds, ImageFileDataset) or ds.labelled or root.suffix.lower() == ".csv":
             return ds
-        lookup = {name: c for c, name in enumerate(self.class_names or self.discover_class_names())}
+        names = self.class_names or self.discover_class_names()
         tops = [Path(f).relative_to(root).parts for f in ds.files]
-        classes = [lookup.get(parts[0]) if len(parts) > 1 else None for parts in tops]
+        named = label_indices([parts[0] for parts in tops], names, numbered=False)
+        classes = [c if len(parts) > 1 else None for c, parts in zip(named, tops, strict=True)]
         if all(c is not None for c in classes):
             return ImageFileDataset(ds.files, [int(c) for c in classes if c is not None], "raise")
         if any(c is not None for c in classes):
             other = [str(Path(*parts)) for parts, c in zip(tops, classes, strict=True) if c is None]
             warnings.warn(
                 f"predict_root {str(root)!r}: {len(other)} of {len(classes)} image(s) are not in a sub-folder named after "
-                f"a class {list(lookup)[:10]} (e.g. {other[:3]}), so predictions.csv has no target column; move them "
+                f"a class {list(names)[:10]} (e.g. {other[:3]}), so predictions.csv has no target column; move them "
                 "into their class folders to get targets", stacklevel=2)
         return ds
 
@@ -308,7 +321,13 @@ class CSVDataModule(BaseDataModule):
                 f"num_classes={self.given_num_classes} but {where} has {len(names)} distinct string labels {names[:10]}; "
                 "give class_names with one name per class (classes without images included) or fix num_classes"
             )
-        return {name: i for i, name in enumerate(names)}
+        indices = label_indices(values, names, numbered=False)  # each value is a name (checked above)
+        return {v: c for v, c in zip(values, indices, strict=True) if c is not None}
+
+    def labels_are_indices(self) -> bool:
+        """Integer labels are class indices (``class_names`` names them); string labels are the class names."""
+        self._label_map()
+        return self._integer_labels
 
     def _integer_label_map(self, values: list[str], ints: dict[str, int], where: str) -> dict[str, int]:
         """Integer labels (``ints``: label -> integer): checked against ``num_classes`` / ``class_names``, or free

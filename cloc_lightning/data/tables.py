@@ -2,6 +2,8 @@
 
 * :func:`hash_split` / :func:`hash_fraction`: deterministic splits by a hash of each sample's key
   (independent of file order, the OS and the other files);
+* :func:`label_indices`: the one rule by which a label's text (a class folder's name, a CSV label)
+  becomes a class index;
 * :func:`integer_label`, :func:`is_number`, :func:`class_order`: label text as class indices and,
   for ordinal data, the rank order of labels that came without one;
 * :func:`read_csv_rows` / :class:`CSVRows`: the one CSV reader (``CSVDataModule``, ``predict_root``).
@@ -28,6 +30,7 @@ __all__ = [
     "integer_label",
     "is_number",
     "class_order",
+    "label_indices",
     "CSVRows",
     "read_csv_rows",
 ]
@@ -62,6 +65,27 @@ def integer_label(value: str) -> int | None:
     """The integer a label names (``'3'``, ``'-1'``, ``'3.0'``), or ``None`` when it names no integer."""
     text = value.strip()
     return int(float(text)) if _INTEGER.match(text) else None
+
+
+def label_indices(labels: Sequence[str], class_names: Sequence[str], *, numbered: bool) -> list[int | None]:
+    """The class index each label text names (``None``: no class of ``class_names``), by one rule for every reader.
+
+    * ``numbered=False``: the labels *are* the class names (class folders, string CSV labels): a label is
+      the position of its text in ``class_names``, so ``'2'`` names the folder ``2``, never class index 2;
+    * ``numbered=True``: the labels are class indices ``0..C-1`` and ``class_names`` only names them
+      (integer CSV labels, the built-in data sets): a column of integers (``'3'``, ``'3.0'``) is read as
+      indices, ``None`` outside ``[0, C)``; a column with any other label is read by name, every label of it.
+
+    Surrounding white space is ignored.  The data modules say which holds for their labels
+    (``BaseDataModule.labels_are_indices``); ``ImageFolderDataModule``, ``CSVDataModule`` and ``predict_root``
+    CSVs all read labels through this function.
+    """
+    texts = [v.strip() for v in labels]
+    if numbered and all(integer_label(v) is not None for v in texts if v):
+        return [i if (i := integer_label(v) if v else None) is not None and 0 <= i < len(class_names) else None
+                for v in texts]
+    lookup = {name: c for c, name in enumerate(class_names)}
+    return [lookup.get(v) for v in texts]
 
 
 def is_number(value: str) -> bool:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,11 @@ from tests.conftest import TINY_BACKBONE, logged_trainer, tiny_shapes
 _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
-def _trainer(tmp_path: Path, callbacks=(), **kw) -> L.Trainer:
-    return logged_trainer(tmp_path, **{"max_epochs": 2, "callbacks": list(callbacks), **kw})
+_trainer = functools.partial(logged_trainer, max_epochs=2)
 def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
     m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=1)
     freeze, plot = CLOCMarginFreeze(freeze_at_epoch=1), CLOCMarginPlot(every_n_steps=1)
-    trainer = _trainer(tmp_path, [freeze, plot], max_epochs=3)
+    trainer = _trainer(tmp_path, callbacks=[freeze, plot], max_epochs=3)
     start = m.cloc_loss.margins().detach().clone()
     seen: list[torch.Tensor] = []
 
@@ -56,12 +56,12 @@ def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
 
 def test_resume_after_freeze_keeps_margins_fixed(tmp_path: Path) -> None:
     m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
-    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
+    trainer = _trainer(tmp_path, callbacks=[CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
     trainer.fit(m, datamodule=_dm())
     last = trainer.checkpoint_callback.last_model_path
     frozen = m.cloc_loss.margins().detach().clone()
     m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)  # fresh, learnable margins
-    t2 = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=4)
+    t2 = _trainer(tmp_path, callbacks=[CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=4)
     t2.fit(m2, datamodule=_dm(), ckpt_path=last)
     assert m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), frozen)
     assert t2.global_step == 16
@@ -106,7 +106,7 @@ def test_frozen_margins_keep_their_group_and_nothing_moves_them(distributed: boo
             if pl_module.margins_frozen:
                 grads_after_freeze.append(learnables.grad)
 
-    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1), Watch()], max_epochs=3)
+    trainer = _trainer(tmp_path, callbacks=[CLOCMarginFreeze(freeze_at_epoch=1), Watch()], max_epochs=3)
     trainer.fit(m, datamodule=_dm())
     assert dist.is_initialized() == distributed
     assert m.margins_frozen and not torch.equal(at_freeze["value"], start)  # phase one moved them
@@ -124,7 +124,7 @@ def test_frozen_margins_keep_their_group_and_nothing_moves_them(distributed: boo
 def test_final_margins_yaml_without_freeze_and_load_learnable_map(tmp_path: Path) -> None:
     m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE)
     freeze = CLOCMarginFreeze()
-    _trainer(tmp_path, [freeze], max_epochs=1).fit(m, datamodule=_dm())
+    _trainer(tmp_path, callbacks=[freeze], max_epochs=1).fit(m, datamodule=_dm())
     payload = yaml.safe_load(Path(freeze.path).read_text())
     assert not payload["frozen_in_this_run"]
     loaded = load_learnable_map(freeze.path)
@@ -155,7 +155,7 @@ def test_a_freeze_through_the_owner_is_what_every_reader_reports(tmp_path: Path)
         def on_train_epoch_end(self, trainer, pl_module):
             seen.append(pl_module.cloc_loss.margins().detach().clone())
 
-    trainer = _trainer(tmp_path, [_FreezeThroughTheOwner(), freeze, plot, Watch()], max_epochs=3)
+    trainer = _trainer(tmp_path, callbacks=[_FreezeThroughTheOwner(), freeze, plot, Watch()], max_epochs=3)
     trainer.fit(m, datamodule=_dm())
     when = {"epoch": 1, "step": 4}  # 4 steps per epoch
     assert m.cloc_loss.frozen and m.cloc_loss.frozen_at == when and m.margins_frozen
@@ -177,7 +177,7 @@ def test_a_freeze_through_the_owner_is_what_every_reader_reports(tmp_path: Path)
     assert loaded.margins_frozen and loaded.cloc_loss.frozen_at == when
     m2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05)
     freeze2, plot2 = CLOCMarginFreeze(), CLOCMarginPlot(every_n_steps=1)
-    t2 = _trainer(tmp_path, [freeze2, plot2], max_epochs=4)
+    t2 = _trainer(tmp_path, callbacks=[freeze2, plot2], max_epochs=4)
     t2.fit(m2, datamodule=_dm(), ckpt_path=last)
     assert t2.global_step == 16 and m2.margins_frozen and torch.equal(m2.cloc_loss.margins().detach(), seen[-1])
     assert freeze2.frozen_at == when and plot2.frozen_step == 4
@@ -190,7 +190,7 @@ def test_the_margin_plot_keeps_the_logged_margins_at_the_module_cadence(tmp_path
     m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=3)
     plot = CLOCMarginPlot()
     assert plot.every_n_steps is None
-    trainer = _trainer(tmp_path, [plot], max_epochs=2)  # 8 steps
+    trainer = _trainer(tmp_path, callbacks=[plot], max_epochs=2)  # 8 steps
     trainer.fit(m, datamodule=_dm())
     assert plot.steps == [0, 3, 6, 8]
     acc = EventAccumulator(str(trainer.log_dir), size_guidance={"scalars": 0}).Reload()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -13,7 +12,7 @@ from cloc_lightning.callbacks import ConfusionMatrixPlot, EmbeddingPlot
 from cloc_lightning.callbacks.plots import collect_outputs, project_2d
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.methods import CLOCModule
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer
 
 
 def test_project_2d_pca_recovers_the_main_axis() -> None:
@@ -28,10 +27,7 @@ def test_project_2d_pca_recovers_the_main_axis() -> None:
 def test_plots_written_after_fit_and_test(tmp_path: Path) -> None:
     dm = OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=40, test_size=24, batch_size=16, num_workers=0)
     emb, conf = EmbeddingPlot("pca"), ConfusionMatrixPlot()
-    trainer = L.Trainer(
-        max_epochs=1, accelerator="cpu", logger=TensorBoardLogger(str(tmp_path), name="p"), callbacks=[emb, conf],
-        enable_progress_bar=False, enable_model_summary=False,
-    )
+    trainer = cpu_trainer(max_epochs=1, logger=TensorBoardLogger(str(tmp_path), name="p"), callbacks=[emb, conf])
     model = CLOCModule(num_classes=4, backbone=TINY_BACKBONE)
     trainer.fit(model, datamodule=dm)
     trainer.test(model, datamodule=dm, verbose=False)

@@ -24,7 +24,7 @@ from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE, Preempted, Pr
 from cloc_lightning.methods import CLOCModule
 from tests._faults import SignalAtStep
 from tests._reliability import SMALL, _last_ckpt, _shapes, assert_same
-from tests.conftest import cli_env
+from tests.conftest import cli_env, cpu_trainer
 
 STEPS_PER_EPOCH = 4
 
@@ -35,10 +35,8 @@ def _fit(root: Path, sigterm_at: int | None = None, ckpt: str | None = None) -> 
     model = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
     dm = _shapes(augment="crop_flip", batch_size=16, train_size=16 * STEPS_PER_EPOCH)
     callbacks: list[L.Callback] = [] if sigterm_at is None else [SignalAtStep(sigterm_at)]
-    trainer = L.Trainer(
-        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(root), limit_val_batches=1, num_sanity_val_steps=0, deterministic=True, callbacks=callbacks,
-    )
+    trainer = cpu_trainer(root, max_epochs=2, limit_val_batches=1, num_sanity_val_steps=0, deterministic=True,
+                          callbacks=callbacks)
     raised: BaseException | None = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -74,9 +72,8 @@ def test_sigterm_mid_epoch_saves_a_checkpoint_exits_non_zero_and_resumes_exactly
 def test_preemption_checkpoint_is_added_once_and_checks_its_exit_code(tmp_path: Path) -> None:
     mine = PreemptionCheckpoint(exit_code=99)
     L.seed_everything(0, verbose=False)
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path), limit_train_batches=2,
-                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[mine, SignalAtStep(1)])
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0, num_sanity_val_steps=0,
+                          callbacks=[mine, SignalAtStep(1)])
     with warnings.catch_warnings(), pytest.raises(Preempted) as info:
         warnings.simplefilter("ignore")
         trainer.fit(CLOCModule(num_classes=4, **SMALL), datamodule=_shapes())

@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -25,7 +24,7 @@ from cloc_lightning.callbacks import PredictionWriter
 from cloc_lightning.data import OrdinalShapesDataModule
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.methods import CEModule
-from tests.conftest import TINY_BACKBONE, run_cli
+from tests.conftest import TINY_BACKBONE, cpu_trainer, run_cli
 
 #: the tiny fit/predict configuration (as ``tiny_shapes_args``, with a 12-image test split)
 ARGS = [
@@ -154,8 +153,7 @@ def test_unlabelled_predict_batches_are_image_tensors_and_the_modules_predict_th
     assert set(out) == {"pred", "expected", "probs"}
 
     writer = PredictionWriter(str(tmp_path / "out" / "p.csv"))
-    trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[writer], enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = cpu_trainer(callbacks=[writer])
     trainer.predict(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=dm, return_predictions=False)
     with open(tmp_path / "out" / "p.csv") as fh:
         rows = list(csv.DictReader(fh))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 from PIL import Image
@@ -17,7 +16,7 @@ from PIL import Image
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.folder import CSVDataModule
 from cloc_lightning.methods import CEModule
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer
 
 
 def _csv(tmp_path: Path, labels: list[str], name: str = "data.csv") -> Path:
@@ -106,8 +105,7 @@ def test_num_classes_with_class_names_or_string_labels(tmp_path: Path) -> None:
 def test_fit_stops_at_the_data_not_at_the_model_mismatch(tmp_path: Path) -> None:
     """Before: ``model.num_classes=5 but CSVDataModule has 10 classes; set ... num_classes 10`` (the wrong fix)."""
     model = CEModule(num_classes=5, backbone=TINY_BACKBONE)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, enable_checkpointing=False)
     with pytest.raises(DataConfigError, match=r"line 12: 'img/10.png' \(label '9'\)"):
         trainer.fit(model, datamodule=_dm(_csv(tmp_path, STRAY)))
 

@@ -26,7 +26,7 @@ from tests._reliability import (
     _folder,
     _jpeg,
 )
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, cpu_trainer
 
 
 def test_data_labels_out_of_range_stop_at_setup(tmp_path: Path) -> None:
@@ -107,8 +107,7 @@ def test_skip_leaves_unreadable_files_out_of_evaluation_splits(tmp_path: Path) -
     # predicting the test split through a Trainer: one CSV row per readable file, under its own name
     model = CEModule(num_classes=2, backbone="test_resnet", backbone_kwargs={"channels": [8, 8, 16, 16]})
     out = tmp_path / "predictions.csv"
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[PredictionWriter(str(out))])
+    trainer = cpu_trainer(callbacks=[PredictionWriter(str(out))])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.predict(model, datamodule=dm, return_predictions=False)

@@ -33,6 +33,7 @@ from cloc_lightning.data.datasets import ImageFileDataset
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
 from tests._reliability import SMALL, assert_same, fit_stopped_and_resumed
+from tests.conftest import cpu_trainer
 
 
 def _jpegs(folder: Path, n: int, size: tuple[int, int] = (40, 30), classes: int = 3, seed: int = 0) -> list[str]:
@@ -296,7 +297,7 @@ def test_bad_settings_name_the_fix() -> None:
 def test_pin_memory_follows_the_accelerator() -> None:
     dm = OrdinalShapesDataModule(num_classes=3, train_size=8, val_size=4, test_size=4, batch_size=4, num_workers=0)
     assert dm.pin_memory is None and dm._pin() is False  # no trainer, or a CPU trainer: nothing to pin for
-    dm.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False)
+    dm.trainer = cpu_trainer()
     assert dm._pin() is False
     assert OrdinalShapesDataModule(pin_memory=True)._pin() is True
 

@@ -7,7 +7,6 @@ import socket
 import time
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -23,7 +22,7 @@ from cloc_lightning.data import (
 )
 from cloc_lightning.methods import SupConModule
 from cloc_lightning.probe import extract_features, labelled_loader
-from tests.conftest import TINY_BACKBONE
+from tests.conftest import TINY_BACKBONE, cpu_trainer
 
 
 # ------------------------------------------------------------ fake files
@@ -159,8 +158,7 @@ def test_supcon_trains_on_stl10_with_unlabelled_images(tmp_path: Path) -> None:
     dm = STL10DataModule(str(tmp_path), train_split="train+unlabeled", download=False, val_fraction=0.0,
                          image_size=32, batch_size=8, num_workers=0, train_views=SupConViews(2))
     model = SupConModule(method="supcon", backbone=TINY_BACKBONE)
-    trainer = L.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=1)
     trainer.fit(model, datamodule=dm)
     m = trainer.callback_metrics
     assert torch.isfinite(m["train/loss"]) and "val/online_probe/acc" in m and "val/online_probe/acc_top5" in m

@@ -19,6 +19,7 @@ from torch import nn
 
 from cloc_lightning.methods.optim import lr_factor
 from cloc_lightning.nn.backbones import create_backbone
+from tests.conftest import cpu_trainer
 from tests.references.schedules import supcontrast_lrs
 
 
@@ -72,10 +73,7 @@ def _lrs_from_trainer(tmp_path, **hparams) -> list[float]:
     rec = Recorder()
     model = CEModule(backbone="test_resnet", num_classes=4, optimizer="sgd", **hparams)
     dm = OrdinalShapesDataModule(num_classes=4, image_size=16, batch_size=8, train_size=24, val_size=8, test_size=8, num_workers=0)
-    trainer = L.Trainer(
-        max_epochs=12, callbacks=[rec], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
-    )
+    trainer = cpu_trainer(tmp_path, max_epochs=12, callbacks=[rec], enable_checkpointing=False)
     trainer.fit(model, dm)
     return rec.lrs
 

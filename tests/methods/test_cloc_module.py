@@ -5,10 +5,10 @@ The two-phase callbacks (``CLOCMarginFreeze``, ``CLOCMarginPlot``) are tested in
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 import yaml
@@ -22,8 +22,7 @@ from tests.conftest import REPO, TINY_BACKBONE, logged_trainer, run_cli, tiny_sh
 _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps per epoch
 
 
-def _trainer(tmp_path: Path, callbacks=(), **kw) -> L.Trainer:
-    return logged_trainer(tmp_path, **{"max_epochs": 2, "callbacks": list(callbacks), **kw})
+_trainer = functools.partial(logged_trainer, max_epochs=2)
 
 
 def test_loss_choice_and_param_groups() -> None:
@@ -94,10 +93,10 @@ def test_resuming_with_an_optimiser_that_leaves_out_the_frozen_margins_is_one_li
     in one line naming the checkpoint and the fix (torch's own error names neither)."""
     from cloc_lightning.checkpoints import CheckpointMismatchError
 
-    trainer = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
+    trainer = _trainer(tmp_path, callbacks=[CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=2)
     trainer.fit(_OwnGroups(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm())
     last = trainer.checkpoint_callback.last_model_path
-    again = _trainer(tmp_path, [CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=3)
+    again = _trainer(tmp_path, callbacks=[CLOCMarginFreeze(freeze_at_epoch=1)], max_epochs=3)
     with pytest.raises(CheckpointMismatchError) as err:
         again.fit(_OwnGroups(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm(), ckpt_path=last)
     message = str(err.value)
@@ -121,7 +120,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(TypeError, match="CLOCModule"):
         from cloc_lightning.methods import CEModule
 
-        _trainer(Path("."), [CLOCMarginFreeze(1)], max_epochs=1, logger=False).fit(
+        _trainer(Path("."), callbacks=[CLOCMarginFreeze(1)], max_epochs=1, logger=False).fit(
             CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=_dm()
         )
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from pathlib import Path
@@ -39,9 +40,7 @@ class PoisonAtValidation(L.Callback):
                 pl_module.head.weight.fill_(float("nan"))
 
 
-def _trainer(tmp_path: Path, callbacks: list[L.Callback], max_epochs: int) -> L.Trainer:
-    return cpu_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
-                       callbacks=callbacks)
+_trainer = functools.partial(cpu_trainer, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
 
 
 def _fit(model: L.LightningModule, trainer: L.Trainer) -> None:
@@ -73,7 +72,7 @@ def test_metrics_are_nan_when_any_output_row_is_not_finite(task: str, bad: float
 def test_a_nan_validation_epoch_is_never_the_best_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Epoch 0 finite, epoch 1 NaN: the best stays epoch 0, and stderr names the metric, the epoch and the fix."""
     model = CLOCModule(num_classes=4, **SMALL)
-    trainer = _trainer(tmp_path, [PoisonAtValidation(epoch=1)], max_epochs=2)
+    trainer = _trainer(tmp_path, callbacks=[PoisonAtValidation(epoch=1)], max_epochs=2)
     _fit(model, trainer)
     best = trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
     assert Path(best).name.startswith("best-000-"), best
@@ -85,7 +84,7 @@ def test_a_nan_validation_epoch_is_never_the_best_checkpoint(tmp_path: Path, cap
 def test_a_run_nan_in_every_epoch_has_no_best_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Lightning's ModelCheckpoint kept a first NaN epoch as 'best' (ranked as inf); BestCheckpoint keeps none."""
     model = CLOCModule(num_classes=4, **SMALL)
-    trainer = _trainer(tmp_path, [PoisonAtValidation(epoch=0)], max_epochs=1)
+    trainer = _trainer(tmp_path, callbacks=[PoisonAtValidation(epoch=0)], max_epochs=1)
     _fit(model, trainer)
     assert trainer.checkpoint_callback.best_model_path == ""  # type: ignore[union-attr]
     assert not list(tmp_path.rglob("best-*.ckpt")) and list(tmp_path.rglob("last.ckpt"))  # last is still the last epoch
@@ -140,7 +139,7 @@ def test_diverged_margins_are_not_written_at_the_end_of_fit(
 def test_diverged_margins_are_not_frozen_into_phase_two(tmp_path: Path) -> None:
     model = CLOCModule(num_classes=4, **SMALL, lr=1e8)
     freeze = CLOCMarginFreeze(freeze_at_epoch=1)
-    trainer = _trainer(tmp_path, [freeze], max_epochs=2)
+    trainer = _trainer(tmp_path, callbacks=[freeze], max_epochs=2)
     with pytest.raises(ValueError, match=r"learned margins at the freeze \(start of epoch 1\) are \[0\.0, 0\.0, 0\.0\]"):
         _fit(model, trainer)
     assert freeze.path is None and not list(tmp_path.rglob("cloc_margins.yaml"))

@@ -6,7 +6,6 @@ import json
 import math
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -19,7 +18,7 @@ from cloc_lightning.methods import CEModule, LinearProbeModule, OrdinalCLIPModul
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.probe import extract_features, logistic_regression_probe, probe_checkpoint
 from tests._reliability import FIXTURE_CKPT, TINY_CLIP, _trainer
-from tests.conftest import TINY_BACKBONE, run_cli, tiny_shapes
+from tests.conftest import TINY_BACKBONE, cpu_trainer, run_cli, tiny_shapes
 
 STAGE_ONE_YAML = """
 seed_everything: 0
@@ -106,8 +105,7 @@ def ce_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A stage-one checkpoint of the CE baseline (trained a few steps, so BN statistics are not the defaults)."""
     root = tmp_path_factory.mktemp("ce")
     model = CEModule(num_classes=4, backbone=TINY_BACKBONE, lr=1e-2)
-    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(root))
+    trainer = cpu_trainer(root, max_epochs=1, limit_train_batches=2, limit_val_batches=1)
     trainer.fit(model, datamodule=_shapes())
     return Path(trainer.checkpoint_callback.last_model_path)
 
@@ -120,8 +118,7 @@ def test_encoder_frozen_in_eval_mode_with_ordinal_metrics(tmp_path: Path, ce_ckp
     assert model.training and not model.backbone.training and model.head.training
     assert [n for n, p in model.named_parameters() if p.requires_grad] == ["head.weight", "head.bias"]
     head_before = model.head.weight.detach().clone()
-    trainer = L.Trainer(max_epochs=1, limit_train_batches=3, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=3)
     trainer.fit(model, datamodule=_shapes())
     after = model.backbone.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in stage1.items())  # incl. BN running_mean/var, num_batches_tracked

@@ -27,6 +27,7 @@ from cloc_lightning.checks import DeferredChecks, require
 from cloc_lightning.methods import ReLICModule
 from tests._reliability import MODULES, RELIC_ARGS, SMALL, _make, _shapes
 from tests._syncs import CPU_ONLY, SyncCounter
+from tests.conftest import cpu_trainer
 
 LOG_EVERY = 5
 BATCHES = 13
@@ -51,10 +52,10 @@ class _Plain(L.LightningModule):
 
 def _count(model: L.LightningModule, dm: L.LightningDataModule, tmp_path: Path, callbacks: list[Any] | None = None) -> SyncCounter:
     counter = SyncCounter()
-    trainer = L.Trainer(
-        max_epochs=1, accelerator="cpu", devices=1, limit_train_batches=BATCHES, limit_val_batches=1, num_sanity_val_steps=0,
+    trainer = cpu_trainer(
+        tmp_path, max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=1, num_sanity_val_steps=0,
         log_every_n_steps=LOG_EVERY, logger=TensorBoardLogger(str(tmp_path), name="syncs"), enable_progress_bar=True,
-        enable_model_summary=False, default_root_dir=str(tmp_path), callbacks=[counter, *(callbacks or [])],
+        callbacks=[counter, *(callbacks or [])],
     )
     with warnings.catch_warnings(), counter.patched():
         warnings.simplefilter("ignore")
@@ -184,9 +185,8 @@ def test_a_nan_loss_still_stops_the_run(strict: bool, tmp_path: Path) -> None:
 
     model.head.register_forward_hook(poison)
     counter = SyncCounter()
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, limit_train_batches=10, limit_val_batches=0, logger=False,
-                        log_every_n_steps=LOG_EVERY, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(tmp_path), callbacks=[counter])
+    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=10, limit_val_batches=0, log_every_n_steps=LOG_EVERY,
+                          callbacks=[counter])
     with pytest.raises(FloatingPointError, match="training loss is not finite.*Lower the learning rate") as info, \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -89,9 +89,8 @@ def test_init_from_on_a_resumed_fit_says_the_checkpoint_replaces_it(tmp_path: Pa
     from tests._reliability import SMALL, _shapes
 
     def fit(init_from: str | None, ckpt: str | None, root: Path) -> L.Trainer:
-        trainer = L.Trainer(max_epochs=1 if ckpt is None else 2, accelerator="cpu", devices=1, logger=False,
-                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
-                            limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
+        trainer = cpu_trainer(root, max_epochs=1 if ckpt is None else 2, limit_train_batches=2, limit_val_batches=1,
+                              num_sanity_val_steps=0)
         trainer.fit(CEModule(num_classes=4, init_from=init_from, **SMALL), datamodule=_shapes(), ckpt_path=ckpt)
         return trainer
 
