@@ -21,7 +21,6 @@ PACKAGE = "cloc_lightning"
 LAYERS = {
     "__main__": 0,
     "cli": 0,
-    "commands": 1,
     "probe": 2,
     "methods": 3,
     "callbacks": 4,
@@ -38,9 +37,9 @@ LAYERS = {
     "_logging": 9,
     "configs": 9,
     "precision": 9,
-    "helptext": 9,
     "data_contract": 9,
     "hub": 9,
+    "threads": 9,
 }
 
 #: inside ``data/``: module -> layer (0 = top), the same rule one level down: the concrete data modules stand on
@@ -60,6 +59,18 @@ DATA_LAYERS = {
     "tables": 3,
     "overlap": 3,
     "errors": 4,
+}
+
+#: inside ``cli/`` (the top layer): module -> layer (0 = top), one job a module: ``main`` and the error filter stand
+#: on the LightningCLI subclass, which stands on the run records and the parser; the extra commands and the help
+#: formatter are below them all (a command never imports the CLI that dispatches it)
+CLI_LAYERS = {
+    "entry": 0,
+    "lightning_cli": 1,
+    "records": 2,
+    "parser": 2,
+    "commands": 3,
+    "helptext": 4,
 }
 
 #: the result-table runner ``experiments/`` (beside the package): module -> layer (0 = top), one job a module; it
@@ -214,6 +225,21 @@ def test_data_helpers_never_import_a_data_module() -> None:
         if target.startswith(prefix) and DATA_LAYERS[target.removeprefix(prefix)] < DATA_LAYERS[m]
     ]
     assert not upward, "data/ imports that point up (see DATA_LAYERS):\n" + "\n".join(upward)
+
+
+def test_cli_modules_import_down() -> None:
+    """``cli/``'s modules follow :data:`CLI_LAYERS`: every one has a layer there and imports only its own or lower ones."""
+    graph = import_graph()
+    prefix = f"{PACKAGE}.cli."
+    modules = {m.removeprefix(prefix) for m in graph if m.startswith(prefix)}
+    assert modules == set(CLI_LAYERS), f"cli/ modules without a layer in CLI_LAYERS: {sorted(modules ^ set(CLI_LAYERS))}"
+    upward = [
+        f"{prefix}{m}:{line} imports {target}"
+        for m in sorted(modules)
+        for target, line in sorted(graph[prefix + m].items())
+        if target == PACKAGE + ".cli" or (target.startswith(prefix) and CLI_LAYERS[target.removeprefix(prefix)] < CLI_LAYERS[m])
+    ]
+    assert not upward, "cli/ imports that point up (see CLI_LAYERS; a module never imports the package's __init__):\n" + "\n".join(upward)
 
 
 def test_method_bases_import_no_method() -> None:

@@ -198,7 +198,7 @@ def test_help_offers_no_lightning_optimizer_and_prints_plain_text(capsys: pytest
 
 
 def test_rst_to_text() -> None:
-    from cloc_lightning.helptext import rst_to_text
+    from cloc_lightning.cli.helptext import rst_to_text
 
     assert rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`") == \
         "see CLOCLoss and cloc_lightning.losses"

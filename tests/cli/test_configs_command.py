@@ -16,7 +16,7 @@ import pytest
 
 import cloc_lightning.configs as configs_mod
 from cloc_lightning.cli import main, packaged_config_fallback
-from cloc_lightning.commands import COMMANDS
+from cloc_lightning.cli.commands import COMMANDS
 from cloc_lightning.configs import ConfigNotFoundError, config_name, copy_config, find_config, list_configs, packaged_config_for
 from tests.conftest import REPO, cli_in_process
 
