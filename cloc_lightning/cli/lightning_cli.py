@@ -155,21 +155,16 @@ class CLOCLightningCLI(LightningCLI):
             return None
         owner = cls.__name__ if cls is not None else "the model"
         info = DataInfo(data, owner=owner)
-        n = info.num_classes
-        if given is not None and given != n:
-            shown = f" ({(info.class_names or [])[:10]})" if info.class_names else ""
-            if self._num_classes_from_checkpoint:
-                raise ValueError(
-                    f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given}, but "
-                    f"{info.name} has {n} classes{shown}; evaluate or resume it on data with {given} classes (the config "
-                    "it was trained with is config.yaml in its run folder)"
-                )
-            raise ValueError(
-                f"model.num_classes={given} but {info.name} has {n} classes{shown}; {owner} takes num_classes from the data "
-                f"module: leave model.init_args.num_classes (--model.num_classes) out of the config and the command line, "
-                f"or configure the data module with {given} classes"
-            )
-        return n
+        if self._num_classes_from_checkpoint:
+            info.check_num_classes(
+                given, subject=f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given},",
+                fix="evaluate or resume it on data with {given} classes (the config it was trained with is config.yaml in "
+                    "its run folder)")
+        info.check_num_classes(
+            given, fix=f"{owner} takes num_classes from the data module: leave model.init_args.num_classes "
+                       "(--model.num_classes) out of the config and the command line, or configure the data module with "
+                       "{given} classes")
+        return info.num_classes
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
