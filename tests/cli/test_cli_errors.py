@@ -22,12 +22,6 @@ DATA = ["--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.
         "--trainer.logger.init_args.save_dir", "runs"]
 
 
-@pytest.fixture(autouse=True)
-def _console_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``sys.argv`` as on the console (LightningCLI warns when it holds pytest's arguments besides ``args``)."""
-    monkeypatch.setattr("sys.argv", ["cloc-lightning"])
-
-
 def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
     """Run the CLI, expect exit ``code`` with a short message (at most 2 lines on stderr), return stderr."""
     capsys.readouterr()
