@@ -1,7 +1,8 @@
 """One LightningModule per method, on a thin shared base."""
 
-from cloc_lightning.methods.base import BaseModule, ClassifierModule
+from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.methods.ce import CEModule
+from cloc_lightning.methods.classifier import ClassifierModule
 from cloc_lightning.methods.cloc import CLOCModule
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.methods.linear_probe import LinearProbeModule

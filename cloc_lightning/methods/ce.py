@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from cloc_lightning.losses.base import upcast
-from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.classifier import ClassifierModule
 
 __all__ = ["CEModule"]
 
@@ -22,7 +22,7 @@ class CEModule(ClassifierModule):
     Args:
         num_classes: number of classes.
         label_smoothing: cross-entropy label smoothing.
-        **kwargs: :class:`~cloc_lightning.methods.base.ClassifierModule` /
+        **kwargs: :class:`~cloc_lightning.methods.classifier.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments
             (``task``, ``backbone``, ``pretrained``, ``cifar_stem``, ``optimizer``, ``lr``, ...).
 

@@ -30,7 +30,7 @@ from cloc_lightning.checkpoints import CheckpointMismatchError
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
 from cloc_lightning.losses.cloc_margins import LearnableMap, load_learnable_map
-from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.classifier import ClassifierModule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_int
 
@@ -63,7 +63,7 @@ class CLOCModule(ClassifierModule):
             values before that step's update); the one cadence of the margin history:
             :class:`~cloc_lightning.callbacks.CLOCMarginPlot` records at the same steps unless
             given its own ``every_n_steps``.  ``0`` logs no margins.
-        **kwargs: :class:`~cloc_lightning.methods.base.ClassifierModule` and
+        **kwargs: :class:`~cloc_lightning.methods.classifier.ClassifierModule` and
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``backbone``,
             ``init_from``, ``optimizer`` (Adam by default, as the CLOC README), ``lr``, ...).
     """

@@ -23,7 +23,7 @@ from torch import nn
 from cloc_lightning.checkpoints import EncoderCheckpoint, load_encoder, load_encoder_weights
 from cloc_lightning.checks import require
 from cloc_lightning.losses.base import upcast
-from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.classifier import ClassifierModule
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.nn.encoders import build_registered_encoder, encoder_feature_dim
 from cloc_lightning.nn.online_probe import masked_cross_entropy
@@ -55,7 +55,7 @@ class LinearProbeModule(ClassifierModule):
     same).  The module logs both the latest and the best validation values every epoch
     and prints both at the end of ``fit`` -- ``linear probe: val/acc final 0.8712 (epoch
     99), best 0.8760 (epoch 87)`` -- as every
-    :class:`~cloc_lightning.methods.base.ClassifierModule` does.
+    :class:`~cloc_lightning.methods.classifier.ClassifierModule` does.
 
     Training labels ``< 0`` (unlabelled images) are skipped.
 
@@ -72,7 +72,7 @@ class LinearProbeModule(ClassifierModule):
         encoder_info: set automatically (the architecture read from ``encoder_ckpt``,
             stored so that this module's own checkpoints reload without the stage-one
             file); leave unset.
-        **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` arguments
+        **kwargs: the :class:`~cloc_lightning.methods.classifier.ClassifierModule` arguments
             (``num_classes``, ``task``, the optimiser and schedule, ``init_from``, ...).
 
     Keyword Args:

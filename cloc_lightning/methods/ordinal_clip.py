@@ -15,7 +15,7 @@ the R prototypes are fixed vectors: :meth:`OrdinalCLIPModule.export_prototypes` 
 which predicts at the cost of a linear head with no text encoder in memory
 (:class:`~cloc_lightning.nn.prototype_classifier.PrototypeClassifier`).
 
-This module is one :class:`~cloc_lightning.methods.base.ClassifierModule`: ``forward(images)``
+This module is one :class:`~cloc_lightning.methods.classifier.ClassifierModule`: ``forward(images)``
 returns ``[B, R]`` logits, so the shared ordinal metrics (argmax MAE, expected-rank MAE,
 accuracy, QWK, ±1 accuracy), validation/test/predict steps and checkpointing apply unchanged.
 The network pieces (prompt learner, frozen text encoder, prototype heads, exported classifier)
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cloc_lightning.losses.rank_prompt import OrdinalCLIPLoss
-from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.classifier import ClassifierModule
 from cloc_lightning.methods.defaults import method_defaults
 from cloc_lightning.nn.backbones import create_backbone
 from cloc_lightning.nn.clip import load_clip, resolve_clip_model
@@ -140,7 +140,7 @@ class OrdinalCLIPModule(ClassifierModule):
             (default ``lr``).
         image_encoder_lr: lr of the image encoder (default ``lr``).
         logit_scale_lr: lr of a learned logit scale (default ``lr``; no weight decay).
-        **kwargs: the :class:`~cloc_lightning.methods.base.ClassifierModule` /
+        **kwargs: the :class:`~cloc_lightning.methods.classifier.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, the optimiser and
             schedule, ``init_from``, ...).
 

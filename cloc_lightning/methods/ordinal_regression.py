@@ -20,7 +20,7 @@ from cloc_lightning.losses.ordinal_regression import (
     corn_exceedance,
     rank_from_exceedance,
 )
-from cloc_lightning.methods.base import ClassifierModule
+from cloc_lightning.methods.classifier import ClassifierModule
 from cloc_lightning.metrics import _MeanMetric, _nonfinite_rows
 from cloc_lightning.nn.ordinal_heads import CORALHead, CORNHead
 from cloc_lightning.validation import check_choice, check_tensor
@@ -123,7 +123,7 @@ class OrdinalRegressionModule(ClassifierModule):
         head: ``corn`` (default) or ``coral``.
         importance_weights: CORAL's ``K - 1`` task weights ``lambda_k >= 0`` (default: all 1,
             as in the paper's experiments); only with ``head: coral``.
-        **kwargs: :class:`~cloc_lightning.methods.base.ClassifierModule` /
+        **kwargs: :class:`~cloc_lightning.methods.classifier.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments
             (``task``, ``backbone``, ``pretrained``, ``cifar_stem``, ``optimizer``, ``lr``, ...).
 

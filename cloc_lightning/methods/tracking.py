@@ -1,6 +1,6 @@
 """The final and best validation values of a fit: tracked every validation epoch, printed and logged at its end, kept in checkpoints.
 
-:class:`BestFinalTracking` is the piece of :class:`~cloc_lightning.methods.base.ClassifierModule`
+:class:`BestFinalTracking` is the piece of :class:`~cloc_lightning.methods.classifier.ClassifierModule`
 that does this (a mixin listed before ``BaseModule`` in its bases); every classifier module
 inherits it.  Every validation epoch of a fit also logs the running best of
 :meth:`~BestFinalTracking.tracked_metrics` -- ``val/acc_best`` and ``val/acc_best_epoch`` (and
