@@ -19,7 +19,7 @@ name it too.  Where the files are:
     copy_config("cloc/demo", "my_configs/")      # -> my_configs/cloc_demo.yaml
 
 The command line front-end is ``cloc-lightning configs list|show|copy|path``
-(:func:`configs_main`, registered in :data:`cloc_lightning.commands.COMMANDS`);
+(:func:`configs_main`, registered in :data:`cloc_lightning.cli.commands.COMMANDS`);
 ``cloc-lightning fit --config configs/cloc/demo.yaml`` falls back to the packaged file when no such file exists where it
 runs (:func:`packaged_config_for`).  This module imports nothing else from the package.
 """

@@ -134,6 +134,24 @@ class DataInfo:
         names = getattr(self.datamodule, "class_names", None)
         return None if names is None else [str(n) for n in names]
 
+    def check_num_classes(self, given: int | None, fix: str, subject: str | None = None) -> None:
+        """Refuse a model ``num_classes`` (``given``; ``None``: not given) other than the data module's.
+
+        The one wording of the mismatch, for the CLI's ``data -> model`` link, the classifiers' and the
+        online probe's ``setup``: ``"model.num_classes=5 but UTKFaceDataModule has 8 classes (['0-4', ...]);
+        <fix>"``.  ``fix`` says what to do, with ``{n}`` (the data module's count) and ``{given}`` filled in;
+        ``subject`` replaces the ``model.num_classes=<given>`` that starts the message.
+        """
+        if given is None:
+            return
+        n = self.num_classes
+        if given == n:
+            return
+        names = (self.class_names or [])[:10]
+        shown = f" ({names})" if names else ""
+        lead = f"model.num_classes={given}" if subject is None else subject
+        raise ValueError(f"{lead} but {self.name} has {n} classes{shown}; {fix.format(n=n, given=given)}")
+
     @property
     def n_views(self) -> int | None:
         """Training views per sample (``None``: the data module does not say)."""

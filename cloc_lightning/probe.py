@@ -14,7 +14,7 @@ Three layers, usable on their own:
   ``LogisticRegression`` on frozen features (:func:`knn_accuracy`: a weighted kNN
   classifier on the same features).  :func:`probe_checkpoint` chains all three
   for a checkpoint and a data module, and ``cloc-lightning probe``
-  (:func:`cloc_lightning.commands.probe_main`) is its command line.
+  (:func:`cloc_lightning.cli.commands.probe_main`) is its command line.
 
 Probe presets (:data:`PROBE_PRESETS`; ``preset=`` / ``--preset``; explicitly given
 settings override the preset's):

@@ -127,3 +127,29 @@ def test_the_model_accessor_reads_the_attached_data_module(tmp_path: Path) -> No
     trainer.fit(CEModule(num_classes=4, backbone=TINY_BACKBONE), datamodule=dm)
     assert seen["info"].datamodule is dm and seen["info"].owner == "CEModule" and seen["task"] == "ordinal"
     assert seen["callback"].datamodule is dm and seen["callback"].owner == "Look"
+
+
+def test_check_num_classes_names_both_counts_the_class_names_and_the_fix() -> None:
+    """The one "model.num_classes differs from the data" check (the CLI's link, the classifiers' and the online probe's setup)."""
+    info = DataInfo(_shapes(), owner="CEModule")
+    assert info.check_num_classes(4, fix="give {n}") is None and info.check_num_classes(None, fix="give {n}") is None
+    names = (info.class_names or [])[:10]
+    shown = f" ({names})" if names else ""
+    with pytest.raises(ValueError) as raised:
+        info.check_num_classes(5, fix="give the model num_classes {n}, not {given}")
+    assert str(raised.value) == f"model.num_classes=5 but OrdinalShapesDataModule has 4 classes{shown}; give the model num_classes 4, not 5"
+    with pytest.raises(ValueError) as raised:
+        info.check_num_classes(8, fix="evaluate it on data with {given} classes", subject="--ckpt_path a.ckpt: the checkpoint was trained with num_classes=8,")
+    assert str(raised.value).startswith("--ckpt_path a.ckpt: the checkpoint was trained with num_classes=8, but OrdinalShapesDataModule has 4 classes")
+    assert "\n" not in str(raised.value)
+
+
+def test_the_num_classes_mismatch_is_written_once() -> None:
+    """One meaning, one home: only :meth:`DataInfo.check_num_classes` words the "has N classes" mismatch."""
+    import re
+
+    from tests.conftest import REPO
+
+    pattern = re.compile(r"has \{[^}]*\} classes")
+    homes = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "cloc_lightning").rglob("*.py") if pattern.search(p.read_text()))
+    assert homes == ["cloc_lightning/data_contract.py"], homes

@@ -21,37 +21,17 @@ last *improving* epoch, and ``--ckpt_path last`` silently re-runs the epochs aft
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any, TextIO
+from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-__all__ = ["BestCheckpoint", "LatestCheckpoint", "print_line", "install_checkpoints"]
+from cloc_lightning._logging import print_line as print_line
 
+__all__ = ["BestCheckpoint", "LatestCheckpoint", "install_checkpoints"]
 
-def print_line(trainer: Any, message: str, file: TextIO | None = None) -> None:
-    """Print ``message`` on a line of its own on global rank 0, also while a progress bar is drawn.
-
-    A plain ``print`` while Lightning's tqdm bar is on screen continues the bar's line
-    (``Epoch 4: 100%|…| 12/12 [...]CLOC margins (frozen) written to …``); ``tqdm.write``
-    clears the bars, prints the line and redraws them.  Other progress bars print through
-    their own ``print``.
-    """
-    if trainer is not None and not trainer.is_global_zero:
-        return
-    out = sys.stdout if file is None else file
-    bar = getattr(trainer, "progress_bar_callback", None) if trainer is not None else None
-    if bar is None or not bar.is_enabled:
-        print(message, file=out, flush=True)
-    elif isinstance(bar, TQDMProgressBar):
-        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
-
-        Tqdm.write(message, file=out)
-        out.flush()
-    else:
-        bar.print(message)
+# print_line lives in cloc_lightning._logging (the one rank-0 printer); still importable from here, its first home
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -184,11 +164,11 @@ def install_checkpoints(trainer: L.Trainer, module: Any) -> list[Callback]:
             tied = [cb for cb in configured if cb.save_last is True and cb.monitor is not None]
             for cb in tied:
                 cb.save_last = False
-                if trainer.is_global_zero:
-                    print(
-                        f"ModelCheckpoint(monitor={cb.monitor!r}, save_last=True) would rewrite last.ckpt only "
-                        "when the metric improves; a LatestCheckpoint writes it after every epoch instead"
-                    )
+                print_line(
+                    trainer,
+                    f"ModelCheckpoint(monitor={cb.monitor!r}, save_last=True) would rewrite last.ckpt only "
+                    "when the metric improves; a LatestCheckpoint writes it after every epoch instead",
+                )
             configured_last = any(cb.save_last for cb in configured)
             if not configured_last or tied:
                 dirpath = tied[0].dirpath if tied else None

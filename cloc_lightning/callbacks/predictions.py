@@ -12,6 +12,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from cloc_lightning._logging import print_line
+
 __all__ = ["PredictionWriter", "merge_prediction_parts"]
 
 
@@ -160,7 +162,7 @@ class PredictionWriter(BasePredictionWriter):
             if table is not None:
                 _write_csv(path, *table)
                 self.written = path
-                print(f"predictions written to {path}")
+                print_line(trainer, f"predictions written to {path}")
             return
         root, ext = os.path.splitext(path)
         parts = [f"{root}.rank{r}{ext}" for r in range(trainer.world_size)]
@@ -178,8 +180,8 @@ class PredictionWriter(BasePredictionWriter):
             raise error
         if os.path.isfile(path):
             self.written = path
-        if trainer.is_global_zero and n:
-            print(f"predictions written to {path} ({n} rows from {trainer.world_size} processes)")
+        if n:
+            print_line(trainer, f"predictions written to {path} ({n} rows from {trainer.world_size} processes)")
 
 
 def _write_csv(path: str, header: list[str], rows: list[list[Any]]) -> None:

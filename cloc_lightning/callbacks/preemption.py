@@ -35,6 +35,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from cloc_lightning._logging import print_line
+
 __all__ = ["PreemptionCheckpoint", "Preempted", "SIGTERM_EXIT_CODE"]
 
 #: exit code after a SIGTERM: 128 + 15, what a shell reports for a process that SIGTERM killed
@@ -134,12 +136,11 @@ class PreemptionCheckpoint(Callback):
             return
         path = self.checkpoint_path(trainer)
         trainer.save_checkpoint(path)  # every rank calls it (a collective); rank 0 writes
-        if trainer.is_global_zero:
-            print(
-                f"\nSIGTERM received: saved a checkpoint at {where} (global step {trainer.global_step}) to {path}; "
-                f"resume with --ckpt_path last (or --ckpt_path {path}). Exiting with code {self.exit_code}.",
-                file=sys.stderr,
-                flush=True,
-            )
+        print_line(
+            trainer,
+            f"\nSIGTERM received: saved a checkpoint at {where} (global step {trainer.global_step}) to {path}; "
+            f"resume with --ckpt_path last (or --ckpt_path {path}). Exiting with code {self.exit_code}.",
+            file=sys.stderr,
+        )
         self._uninstall()
         raise Preempted(self.exit_code)

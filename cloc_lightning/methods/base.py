@@ -55,6 +55,7 @@ from torch import nn
 from torchmetrics import MeanMetric, SumMetric
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning._logging import print_line
 from cloc_lightning.checkpoints import (
     DEFAULT_ENCODER_PREFIX,
     ENCODER_META_KEY,
@@ -501,9 +502,9 @@ class BaseModule(L.LightningModule):
         """
         check_checkpoint(self, checkpoint)
         trainer = self._trainer
-        if self._initialised_from is not None and trainer is not None and trainer.state.fn == "fit" and trainer.is_global_zero:
-            print(f"init_from {self._initialised_from}: replaced by the weights of the resumed checkpoint (--ckpt_path "
-                  f"{trainer.ckpt_path}); init_from only initialises a new run", flush=True)
+        if self._initialised_from is not None and trainer is not None and trainer.state.fn == "fit":
+            print_line(trainer, f"init_from {self._initialised_from}: replaced by the weights of the resumed checkpoint "
+                                f"(--ckpt_path {trainer.ckpt_path}); init_from only initialises a new run")
 
     # ---------------------------------------------------------------- lifecycle
     def configure_model(self) -> None:
@@ -564,9 +565,8 @@ class BaseModule(L.LightningModule):
         """
         report = load_matching_weights(self, path, exclude=tuple(self.init_from_exclude))
         take, missing, unexpected = report["loaded"], report["missing"], report["unexpected"]
-        if self._trainer is None or self.trainer.is_global_zero:
-            print(f"init_from {path}: loaded {len(take)} tensors; not in the checkpoint: {len(missing)} {missing[:5]}; "
-                  f"ignored from the checkpoint: {len(unexpected)} {unexpected[:5]}")
+        print_line(self._trainer, f"init_from {path}: loaded {len(take)} tensors; not in the checkpoint: {len(missing)} "
+                                  f"{missing[:5]}; ignored from the checkpoint: {len(unexpected)} {unexpected[:5]}")
         return report
 
     def init_from_report(self, path: str) -> dict[str, list[str]]:

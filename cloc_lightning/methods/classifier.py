@@ -93,13 +93,9 @@ class ClassifierModule(BestFinalTracking, BaseModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         data = self.datamodule_info
-        if data is not None and data.num_classes != self.num_classes:
-            n = data.num_classes
-            raise ValueError(
-                f"model.num_classes={self.num_classes} but {data.name} has {n} classes ({(data.class_names or [])[:10]}); "
-                f"give the model num_classes {n} ({type(self).__name__}(num_classes={n}); the command line takes it from "
-                "the data module: leave model.num_classes out)"
-            )
+        if data is not None:
+            data.check_num_classes(self.num_classes, fix=f"give the model num_classes {{n}} ({type(self).__name__}(num_classes={{n}}); "
+                                                         "the command line takes it from the data module: leave model.num_classes out)")
         if self.val_metrics is None:
             for metrics in self._make_metrics(self.resolved_task()):
                 metrics.to(self.device)

@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning._logging import print_line
 from cloc_lightning.checkpoints import CheckpointMismatchError
 from cloc_lightning.losses.base import upcast
 from cloc_lightning.losses.cloc import OrdinalContrastiveLoss_mm, OrdinalContrastiveLoss_sm
@@ -233,8 +234,9 @@ class CLOCModule(ClassifierModule):
     # ------------------------------------------------------------------- steps
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if self.resolved_task() == "nominal" and self._trainer is not None and self.trainer.is_global_zero:
-            print(
+        if self.resolved_task() == "nominal" and self._trainer is not None:
+            print_line(
+                self._trainer,
                 f"{type(self).__name__}: the data module's classes are nominal (task: nominal); CLOC's margins assume "
                 "ordered classes (class i next to i+1). Metrics and checkpoints follow the nominal task (val/acc)."
             )

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torchmetrics import MetricCollection
 
+from cloc_lightning._logging import print_line
 from cloc_lightning.checkpoints import INIT_FROM_HINT, MODULE_META_KEY, match_weights, read_checkpoint
 from cloc_lightning.checks import DeferredChecks
 from cloc_lightning.losses.base import upcast
@@ -290,12 +291,12 @@ class OrdinalRegressionModule(ClassifierModule):
             result = super().load_weights(path)
         finally:
             del self.__dict__["init_from_exclude"]
-        if self._trainer is None or self.trainer.is_global_zero:
-            source = f"a {writer.rsplit('.', 1)[-1]} checkpoint" if writer else "no checkpoint of this module"
-            print(
-                f"init_from {path}: {self.head_prefix}* not loaded ({source}, not a {self.hparams.head.upper()} head); "
-                f"the {self.hparams.head.upper()} head starts from its initialisation"
-            )
+        source = f"a {writer.rsplit('.', 1)[-1]} checkpoint" if writer else "no checkpoint of this module"
+        print_line(
+            self._trainer,
+            f"init_from {path}: {self.head_prefix}* not loaded ({source}, not a {self.hparams.head.upper()} head); "
+            f"the {self.hparams.head.upper()} head starts from its initialisation",
+        )
         return result
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from torchmetrics import MetricCollection
 
+from cloc_lightning._logging import print_line
 from cloc_lightning.data_contract import datamodule_info
 
 if TYPE_CHECKING:  # a mixin of LightningModules: type-checked as one, a plain class at run time
@@ -126,8 +127,7 @@ class BestFinalTracking(_LightningModule):
         self._fitted_in_process = True
         if not self.val_summary:
             return
-        if self.trainer.is_global_zero:
-            print(self.summary_line(), flush=True)
+        print_line(self.trainer, self.summary_line())
         metrics: dict[str, float] = {}
         for name, e in self.val_summary.items():
             metrics.update({f"{name}_final": e["final"], f"{name}_best": e["best"], f"{name}_best_epoch": e["best_epoch"]})

@@ -38,6 +38,7 @@ from torch import nn
 # the project's one error for "weights not available", and its offline / reachability checks; the probe's
 # timeout is read from the hub module at each call (``cloc_lightning.hub.HUB_PROBE_TIMEOUT_S = 1.0`` sets it)
 from cloc_lightning import hub
+from cloc_lightning._logging import print_line
 from cloc_lightning.hub import PretrainedUnavailableError, hub_offline, unreachable_reason
 from cloc_lightning.validation import check_choice
 
@@ -266,7 +267,7 @@ def load_clip(
     # before any download: the architecture must match the weights' activation
     clip_model, note = resolve_clip_model(clip_model, pretrained)
     if note:
-        print(note, flush=True)
+        print_line(None, note)
 
     create_kwargs: dict[str, Any] = dict(precision=precision, cache_dir=cache_dir)
     has_schema = clip_model.startswith(("hf-hub:", "local-dir:"))

@@ -377,11 +377,8 @@ class OnlineEvaluator:
         if not self.enabled:
             return None
         n = self.num_classes
-        if n is not None and data is not None and data.num_classes != n:
-            raise ValueError(
-                f"model.num_classes={n} but {data.name} has {data.num_classes} classes; give the model num_classes "
-                f"{data.num_classes}, or null to take the data module's"
-            )
+        if data is not None:
+            data.check_num_classes(n, fix="give the model num_classes {n}, or null to take the data module's")
         if self.probe is not None:
             return None
         if n is None:

@@ -22,12 +22,6 @@ DATA = ["--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.
         "--trainer.logger.init_args.save_dir", "runs"]
 
 
-@pytest.fixture(autouse=True)
-def _console_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``sys.argv`` as on the console (LightningCLI warns when it holds pytest's arguments besides ``args``)."""
-    monkeypatch.setattr("sys.argv", ["cloc-lightning"])
-
-
 def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
     """Run the CLI, expect exit ``code`` with a short message (at most 2 lines on stderr), return stderr."""
     capsys.readouterr()
@@ -198,7 +192,7 @@ def test_help_offers_no_lightning_optimizer_and_prints_plain_text(capsys: pytest
 
 
 def test_rst_to_text() -> None:
-    from cloc_lightning.helptext import rst_to_text
+    from cloc_lightning.cli.helptext import rst_to_text
 
     assert rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`") == \
         "see CLOCLoss and cloc_lightning.losses"

@@ -26,12 +26,6 @@ ARGS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _console_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``sys.argv`` as on the console (LightningCLI warns when it holds pytest's arguments besides ``args``)."""
-    monkeypatch.setattr("sys.argv", ["cloc-lightning"])
-
-
 def _exit_code(args: list[str]) -> int | str | None:
     try:
         main(args)

@@ -40,8 +40,7 @@ def _fit(workers: int) -> tuple[int, str | None]:
 @pytest.fixture
 def two_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A process on 2 cores (the shared machine of issue 42), torch at its default of 2 threads, no OMP_NUM_THREADS."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.argv", ["cloc-lightning"])
+    monkeypatch.chdir(tmp_path)  # sys.argv: tests/cli/conftest.py
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(threads_mod, "CGROUP_CPU_MAX", str(tmp_path / "no-cgroup"))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -16,7 +16,7 @@ import pytest
 
 import cloc_lightning.configs as configs_mod
 from cloc_lightning.cli import main, packaged_config_fallback
-from cloc_lightning.commands import COMMANDS
+from cloc_lightning.cli.commands import COMMANDS
 from cloc_lightning.configs import ConfigNotFoundError, config_name, copy_config, find_config, list_configs, packaged_config_for
 from tests.conftest import REPO, cli_in_process
 
@@ -26,9 +26,8 @@ SHIPPED = sorted(p.relative_to(CONFIGS).with_suffix("").as_posix() for p in CONF
 
 @pytest.fixture(autouse=True)
 def outside_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test runs in an empty folder (configs/cloc/demo.yaml does not exist there), with pytest's arguments off sys.argv."""
+    """Every test runs in an empty folder (configs/cloc/demo.yaml does not exist there); sys.argv: tests/cli/conftest.py."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
     return tmp_path
 
 

@@ -7,7 +7,6 @@ stops before training naming both (jsonargparse alone would replace it silently)
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,8 @@ SMALL_DATA = ["--data.num_classes", "4", "--data.train_size", "16", "--data.val_
 
 
 @pytest.fixture(autouse=True)
-def _quiet_argv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(sys, "argv", ["cloc-lightning"])  # LightningCLI warns when given args and a command line
-    monkeypatch.chdir(tmp_path)
+def _in_tmp_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # sys.argv: tests/cli/conftest.py
 
 
 def _build(args: list[str]) -> CLOCLightningCLI:

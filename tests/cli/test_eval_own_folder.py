@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,20 +44,14 @@ def _utk(folder: Path, ages: list[int], seed: int) -> list[Path]:
     return [_png(folder / f"{age}_0_1_2017{seed + i:09d}.jpg.chip.jpg", seed + i) for i, age in enumerate(ages)]
 
 
-@pytest.fixture(autouse=True)
-def _console(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def trained(tmp_path_factory: pytest.TempPathFactory, module_console_argv: None) -> dict[str, Path]:
     """A 1-epoch CE fit on 32 UTKFace-named files (``data.root``) and a 10-file held-out folder of other faces."""
     work = tmp_path_factory.mktemp("own_folder")
     _utk(work / "utk", AGES * 4, 0)
     _utk(work / "held", [3, 6, 12, 22, 33, 44, 55, 66, 77, 88], 1000)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
-        mp.setattr(sys, "argv", ["cloc-lightning"])
         capsys = _Capture()
         code, _out, err = capsys.run(["fit", *MODEL, "--data", "UTKFaceDataModule", "--data.root", str(work / "utk"),
                                       "--data.batch_size", "4", "--trainer.max_epochs", "1", *COMMON, *CSV_LOGGER])

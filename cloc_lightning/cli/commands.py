@@ -7,7 +7,7 @@ Each command is a function ``command(argv) -> result`` that parses its own argum
 :meth:`~cloc_lightning.methods.ordinal_clip.OrdinalCLIPModule.export_prototypes`,
 :mod:`cloc_lightning.configs`); this module is the
 layer under the CLI: it imports methods and the probe library, and nothing in the package imports
-it except the CLI (its help formatter lives in :mod:`cloc_lightning.helptext`).  How to use them: ``docs/cli.md``.
+it except the CLI (its help formatter lives in :mod:`cloc_lightning.cli.helptext`).  How to use them: ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from torch import nn
 
 import cloc_lightning.data  # noqa: F401  (registers the data modules for --data)
 from cloc_lightning.checkpoints import read_checkpoint
+from cloc_lightning.cli.helptext import CLOCHelpFormatter
 from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
-from cloc_lightning.helptext import CLOCHelpFormatter
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint

@@ -1,7 +1,7 @@
 """Command-line help as plain text: docstrings' reST markup (roles, double-backtick literals) as a terminal shows it.
 
-Used by every ``cloc-lightning`` parser: the LightningCLI one (:mod:`cloc_lightning.cli`) and the
-sub-commands' (:mod:`cloc_lightning.commands`).  This module imports nothing else from the package.
+Used by every ``cloc-lightning`` parser: the LightningCLI one (:mod:`cloc_lightning.cli.parser`) and the
+sub-commands' (:mod:`cloc_lightning.cli.commands`).  This module imports nothing else from the package.
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""``main``: the entry point of ``cloc-lightning``, and the filter that shows the library's own errors as one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+import cloc_lightning.data  # registers the data modules
+import cloc_lightning.methods  # noqa: F401  (registers the modules)
+from cloc_lightning._logging import debug_requested, exit_with_error
+from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
+from cloc_lightning.cli.commands import COMMANDS
+from cloc_lightning.cli.lightning_cli import _THREAD_CHANGES, TRAINER_DEFAULTS, CLOCLightningCLI
+from cloc_lightning.cli.parser import CLOCArgumentParser, _check_no_lightning_optimizer_keys
+from cloc_lightning.configs import packaged_config_for
+from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.distributed import release_process_group
+from cloc_lightning.methods.base import BaseModule
+from cloc_lightning.threads import restore_threads
+
+__all__ = ["main", "library_error", "packaged_config_fallback"]
+
+
+#: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
+_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, FloatingPointError,
+                RuntimeError, ImportError, PermissionError)
+
+
+def library_error(exc: BaseException) -> BaseException | None:
+    """The exception raised by cloc_lightning itself somewhere in ``exc``'s cause/context chain, if any.
+
+    jsonargparse re-raises a constructor's ``ValueError`` as "Does not validate against any of
+    the Union subtypes" with a Namespace dump; the library's own message is its cause.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = None
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, _USER_ERRORS) and _raised_in_package(cur):
+            found = cur
+        cur = cur.__cause__ or cur.__context__
+    return found
+
+
+def _raised_in_package(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    filename = last.tb_frame.f_code.co_filename
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cloc_lightning/, not cloc_lightning/cli/
+    return package in os.path.abspath(filename)
+
+
+def packaged_config_fallback(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config X`` / ``-c X`` / ``--config=X`` that names no file but a shipped config replaced by its path.
+
+    After a wheel install, the README's ``cloc-lightning fit --config configs/cloc/demo.yaml``
+    runs anywhere: ``configs/cloc/demo.yaml`` does not exist outside the repository, so the
+    packaged copy is used and one line on stderr says so.  Which values count as a shipped
+    config: :func:`cloc_lightning.configs.packaged_config_for` (relative paths like
+    ``configs/cloc/demo.yaml``, ``cloc/demo.yaml``, ``cloc/demo``).  Existing files and
+    anything else are left alone, so a missing file of your own fails as before.
+    """
+    out = list(argv)
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            at, prefix, value = i + 1, "", argv[i + 1]
+        elif arg.startswith("--config="):
+            at, prefix, value = i, "--config=", arg.split("=", 1)[1]
+        else:
+            continue
+        cfg = packaged_config_for(value)
+        if cfg is None:
+            continue
+        out[at] = prefix + str(cfg.path)
+        if all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID")):
+            print(f"cloc-lightning: --config {value}: no such file here; using the packaged config {cfg.name} ({cfg.path})",
+                  file=sys.stderr, flush=True)
+    return out
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``cloc-lightning`` and ``python -m cloc_lightning``.
+
+    Errors that the library raises with a message naming the fix are printed as one short
+    ``error:`` line (exit code 1), for LightningCLI's sub-commands and the extra ones
+    (:data:`~cloc_lightning.cli.commands.COMMANDS`) alike; ``--debug`` anywhere on the command line (or
+    ``CLOC_LIGHTNING_DEBUG=1``) shows the full traceback instead.  A ``--config`` naming a
+    shipped config that is not a file here uses the packaged file (:func:`packaged_config_fallback`).
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    debug = debug_requested(argv)
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        if not argv or argv[0] != "configs":
+            argv = packaged_config_fallback(argv)
+        if argv and argv[0] in COMMANDS:
+            COMMANDS[argv[0]](argv[1:])
+            return
+        _check_no_lightning_optimizer_keys(argv)
+        CLOCArgumentParser.full_errors = debug
+        if args is None:  # console use: LightningCLI reads sys.argv (warns when given both)
+            sys.argv = sys.argv[:1] + argv
+        CLOCLightningCLI(
+            BaseModule,
+            BaseDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            trainer_defaults=TRAINER_DEFAULTS,
+            args=None if args is None else argv,
+        )
+    except SIGTERMException as e:  # Lightning's SystemExit *without* a code (exit 0): a preempted command must not look finished
+        print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})",
+              file=sys.stderr, flush=True)
+        raise SystemExit(SIGTERM_EXIT_CODE) from e
+    except Exception as e:  # re-raised unless it is the library's own message
+        err = None if debug else library_error(e)
+        if err is None:
+            raise
+        exit_with_error(err)
+    finally:  # on every rank, before the interpreter's exit (where a live gloo group can abort the process)
+        release_process_group()
+        while _THREAD_CHANGES:  # main() called in a longer-lived process (tests, notebooks): torch's threads as they were
+            restore_threads(_THREAD_CHANGES.pop())
