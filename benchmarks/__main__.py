@@ -49,7 +49,7 @@ ORDER: dict[str, str] = {
 
 def available() -> list[str]:
     """Names of the benchmarks present (``bench_<name>.py``): the known ones in :data:`ORDER`, then the rest."""
-    found = {p.stem[len("bench_"):] for p in BENCH_DIR.glob("bench_*.py")}
+    found = {p.stem[len("bench_") :] for p in BENCH_DIR.glob("bench_*.py")}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
@@ -75,9 +75,7 @@ def combined_readme(command: str, sections: dict[str, str], status: dict[str, st
     """README.md text: header (command, environment, status of each benchmark), then every section."""
     env = environment()
     env_rows = [[k, "-" if v is None else f"{len(v)} file(s)" if isinstance(v, list) else str(v)] for k, v in env.items()]
-    status_rows = [
-        [f"[{n}](#{n.replace('_', '-')})" if n in sections else n, ORDER.get(n, n), s] for n, s in status.items()
-    ]
+    status_rows = [[f"[{n}](#{n.replace('_', '-')})" if n in sections else n, ORDER.get(n, n), s] for n, s in status.items()]
     parts = [
         f"<!-- produced by: {command} -->\n",
         "# Benchmarks\n",
@@ -102,7 +100,7 @@ def _demote(md: str) -> str:
     out = []
     for line in md.splitlines():
         if line.startswith("<!-- produced by:"):
-            cmd = line[len("<!-- produced by:"):].rstrip("->").strip()
+            cmd = line[len("<!-- produced by:") :].rstrip("->").strip()
             out.append(f"Command: `{cmd}`")
             continue
         if line.startswith("#") and not line.startswith("###"):
@@ -117,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", metavar="NAME", help="run only these benchmarks (repeatable or comma-separated)")
     parser.add_argument("--combine", action="store_true", help="run nothing; rebuild README.md from the existing results/*.md")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where to write the combined README (default results/README.md; with --quick, nothing unless given)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the combined README (default results/README.md; with --quick, nothing unless given)",
+    )
     args = parser.parse_args(argv)
     names = available()
     if args.list:

@@ -58,32 +58,60 @@ def _jpeg(path: Path, seed: int, size: int = 24) -> None:
     Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(path)
 
 
-def _cfg(work: Path, name: str, model: dict[str, Any] | None = None, data: dict[str, Any] | None = None,
-         trainer: dict[str, Any] | None = None, freeze_at: int | None = None) -> Path:
+def _cfg(
+    work: Path,
+    name: str,
+    model: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+    trainer: dict[str, Any] | None = None,
+    freeze_at: int | None = None,
+) -> Path:
     cfg: dict[str, Any] = {
         "seed_everything": 0,
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_epochs": 2, "enable_progress_bar": False,
-                    "enable_model_summary": False, "limit_train_batches": 2, "limit_val_batches": 1,
-                    "limit_test_batches": 1, "num_sanity_val_steps": 0, "log_every_n_steps": 1,
-                    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                               "init_args": {"save_dir": str(work / "runs"), "name": name}},
-                    **(trainer or {})},
-        "model": {"class_path": "cloc_lightning.methods.CLOCModule",
-                  "init_args": {"num_classes": 4, **TINY, **(model or {})}},
-        "data": data or {"class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-            "num_classes": 4, "train_size": 32, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0,
-            "image_size": 32}},
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_epochs": 2,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "limit_train_batches": 2,
+            "limit_val_batches": 1,
+            "limit_test_batches": 1,
+            "num_sanity_val_steps": 0,
+            "log_every_n_steps": 1,
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": str(work / "runs"), "name": name},
+            },
+            **(trainer or {}),
+        },
+        "model": {"class_path": "cloc_lightning.methods.CLOCModule", "init_args": {"num_classes": 4, **TINY, **(model or {})}},
+        "data": data
+        or {
+            "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+            "init_args": {
+                "num_classes": 4,
+                "train_size": 32,
+                "val_size": 8,
+                "test_size": 8,
+                "batch_size": 8,
+                "num_workers": 0,
+                "image_size": 32,
+            },
+        },
     }
     if freeze_at is not None:
-        cfg["trainer"]["callbacks"] = [{"class_path": "cloc_lightning.callbacks.CLOCMarginFreeze",
-                                        "init_args": {"freeze_at_epoch": freeze_at}}]
+        cfg["trainer"]["callbacks"] = [
+            {"class_path": "cloc_lightning.callbacks.CLOCMarginFreeze", "init_args": {"freeze_at_epoch": freeze_at}}
+        ]
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def _csv_data(work: Path, labels: list[str], missing: int = 0, task: str = "ordinal",
-              class_names: list[str] | None = None) -> dict[str, Any]:
+def _csv_data(
+    work: Path, labels: list[str], missing: int = 0, task: str = "ordinal", class_names: list[str] | None = None
+) -> dict[str, Any]:
     rows = []
     for i, label in enumerate(labels):
         p = work / "csvimg" / f"{i}.jpg"
@@ -95,8 +123,14 @@ def _csv_data(work: Path, labels: list[str], missing: int = 0, task: str = "ordi
         w = csv.DictWriter(f, fieldnames=["path", "label", "split"])
         w.writeheader()
         w.writerows(rows)
-    args: dict[str, Any] = {"csv_path": str(path), "split_column": "split", "task": task, "batch_size": 4,
-                            "num_workers": 0, "image_size": 24}
+    args: dict[str, Any] = {
+        "csv_path": str(path),
+        "split_column": "split",
+        "task": task,
+        "batch_size": 4,
+        "num_workers": 0,
+        "image_size": 24,
+    }
     if class_names:
         args["class_names"] = class_names
     return {"class_path": "cloc_lightning.data.CSVDataModule", "init_args": args}
@@ -111,13 +145,13 @@ class Audit:
 
     def cli(self, *args: str, timeout: int = 600) -> Outcome:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "cloc_lightning", *args], cwd=self.work, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "cloc_lightning", *args], cwd=self.work, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         seconds = time.perf_counter() - start
         err = proc.stderr.strip().splitlines()
         hits = [ln for ln in err if re.search(r"error|Error|refus|SIGTERM", ln)]
-        return Outcome(proc.returncode, len(err), (hits[0] if hits else (err[-1] if err else ""))[:160], seconds,
-                       proc.stdout, proc.stderr)
+        return Outcome(proc.returncode, len(err), (hits[0] if hits else (err[-1] if err else ""))[:160], seconds, proc.stdout, proc.stderr)
 
     def trained(self, name: str, extra: tuple[str, ...] = (), **kw: Any) -> Path:
         """A finished 2-epoch fit; returns its last.ckpt."""
@@ -136,8 +170,13 @@ def _refusal(o: Outcome) -> str:
 
 def _fmt(o: Outcome, note: str = "", verdict: str | None = None) -> dict[str, Any]:
     """A table row; ``verdict`` defaults to :func:`_refusal` (the case expects a one-line refusal)."""
-    return {"rc": o.rc, "stderr lines": o.lines, "says": o.first.replace("|", "/"), "outcome": note,
-            "verdict": verdict if verdict is not None else _refusal(o)}
+    return {
+        "rc": o.rc,
+        "stderr lines": o.lines,
+        "says": o.first.replace("|", "/"),
+        "outcome": note,
+        "verdict": verdict if verdict is not None else _refusal(o),
+    }
 
 
 def _run_dir(work: Path, name: str) -> Path:
@@ -156,15 +195,25 @@ def case_predict_without_weights(a: Audit) -> dict[str, Any]:
 
 def case_csv_non_integer_label(a: Audit) -> dict[str, Any]:
     labels = [str(i % 12) for i in range(36)] + ["2.5"]
-    o = a.cli("fit", "--config", str(_cfg(a.work, "csv25", model={"num_classes": 13}, data=_csv_data(a.work, labels))),
-              "--trainer.max_epochs", "1")
+    o = a.cli(
+        "fit",
+        "--config",
+        str(_cfg(a.work, "csv25", model={"num_classes": 13}, data=_csv_data(a.work, labels))),
+        "--trainer.max_epochs",
+        "1",
+    )
     return _fmt(o, "trained" if o.rc == 0 else "stopped")
 
 
 def case_string_labels_ordinal(a: Audit) -> dict[str, Any]:
     labels = ["young", "adult", "old"] * 6
-    o = a.cli("fit", "--config", str(_cfg(a.work, "strlab", model={"num_classes": 3},
-                                          data=_csv_data(a.work, labels))), "--trainer.max_epochs", "1")
+    o = a.cli(
+        "fit",
+        "--config",
+        str(_cfg(a.work, "strlab", model={"num_classes": 3}, data=_csv_data(a.work, labels))),
+        "--trainer.max_epochs",
+        "1",
+    )
     return _fmt(o, "trained (alphabetical ranks)" if o.rc == 0 else "stopped")
 
 
@@ -174,18 +223,24 @@ def case_folder_natural_order(a: Audit) -> dict[str, Any]:
         for c, name in enumerate(folders):
             for i in range(3):
                 _jpeg(a.work / "agefolders" / split / name / f"{i}.jpg", 10 * c + i)
-    code = ("from cloc_lightning.data import ImageFolderDataModule as D; "
-            f"d=D(root={str(a.work / 'agefolders')!r}, task='ordinal', batch_size=2, num_workers=0, image_size=24); "
-            "d.setup('fit'); print(list(d.class_names))")
+    code = (
+        "from cloc_lightning.data import ImageFolderDataModule as D; "
+        f"d=D(root={str(a.work / 'agefolders')!r}, task='ordinal', batch_size=2, num_workers=0, image_size=24); "
+        "d.setup('fit'); print(list(d.class_names))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
     order = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip().splitlines()[-1]
-    return {"rc": proc.returncode, "stderr lines": len(proc.stderr.strip().splitlines()), "says": "",
-            "outcome": f"ranks {order}", "verdict": "good" if order == str(folders) else "silent"}
+    return {
+        "rc": proc.returncode,
+        "stderr lines": len(proc.stderr.strip().splitlines()),
+        "says": "",
+        "outcome": f"ranks {order}",
+        "verdict": "good" if order == str(folders) else "silent",
+    }
 
 
 def case_diverged_run(a: Audit) -> dict[str, Any]:
-    o = a.cli("fit", "--config", str(_cfg(a.work, "diverged", model={"lr": 1e8}, freeze_at=1)),
-              "--test_after_fit", "true")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "diverged", model={"lr": 1e8}, freeze_at=1)), "--test_after_fit", "true")
     run = _run_dir(a.work, "diverged")
     best = list(run.glob("checkpoints/best*.ckpt"))
     margins = run / "cloc_margins.yaml"
@@ -199,28 +254,23 @@ def case_failed_resume_keeps_config(a: Audit) -> dict[str, Any]:
     before = (run / "config.yaml").read_text()
     # the model's class count does not match the data: since the CLI links num_classes from the data module this
     # is refused before any record is written (tests/cli/test_cli_records.py fails a resume later, after them)
-    o = a.cli("fit", "--config", str(_cfg(a.work, "records")), "--ckpt_path", "last",
-              "--data.init_args.num_classes", "5")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "records")), "--ckpt_path", "last", "--data.init_args.num_classes", "5")
     after = (run / "config.yaml").read_text()
     extra = sorted(p.name for p in run.glob("config*.yaml"))
-    return _fmt(o, f"config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}; {extra}",
-                None if before == after else "silent")
+    return _fmt(o, f"config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}; {extra}", None if before == after else "silent")
 
 
 def case_second_run_same_version(a: Audit) -> dict[str, Any]:
     a.trained("pinned", extra=("--trainer.logger.init_args.version", "0"))
     run = a.work / "runs" / "pinned" / "version_0"
     before = (run / "config.yaml").read_text()
-    o = a.cli("fit", "--config", str(_cfg(a.work, "pinned")), "--trainer.logger.init_args.version", "0",
-              "--model.init_args.lr", "0.01")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "pinned")), "--trainer.logger.init_args.version", "0", "--model.init_args.lr", "0.01")
     after = (run / "config.yaml").read_text()
-    return _fmt(o, f"first run's config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}",
-                None if before == after else "silent")
+    return _fmt(o, f"first run's config.yaml {'unchanged' if before == after else 'OVERWRITTEN'}", None if before == after else "silent")
 
 
 def case_optimizer_option(a: Audit) -> dict[str, Any]:
-    o = a.cli("fit", "--config", str(_cfg(a.work, "optim")), "--optimizer", "SGD", "--optimizer.lr", "0.5",
-              "--trainer.max_epochs", "1")
+    o = a.cli("fit", "--config", str(_cfg(a.work, "optim")), "--optimizer", "SGD", "--optimizer.lr", "0.5", "--trainer.max_epochs", "1")
     return _fmt(o, "trained with SGD (module optimiser replaced)" if o.rc == 0 else "stopped")
 
 
@@ -242,8 +292,15 @@ def case_freeze_beyond_max_epochs(a: Audit) -> dict[str, Any]:
 
 def case_csv_missing_image(a: Audit) -> dict[str, Any]:
     labels = [str(i % 4) for i in range(24)]
-    o = a.cli("fit", "--config", str(_cfg(a.work, "csvmiss", data=_csv_data(a.work, labels, missing=1))),
-              "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
+    o = a.cli(
+        "fit",
+        "--config",
+        str(_cfg(a.work, "csvmiss", data=_csv_data(a.work, labels, missing=1))),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "1",
+    )
     return _fmt(o, "trained (missing file not reached)" if o.rc == 0 else "stopped")
 
 
@@ -251,10 +308,19 @@ def case_utkface_ages_clipped(a: Audit) -> dict[str, Any]:
     for i, age in enumerate([3, 10, 25, 40, 60, 95, 100, 110] * 3):
         _jpeg(a.work / "utk" / f"{age}_0_0_2017{i:08d}.jpg", i)
     # raw ages 1..80 as 80 classes (label_mode: age): 95, 100 and 110 are clipped into the class '80'
-    data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
-        "root": str(a.work / "utk"), "label_mode": "age", "batch_size": 4, "num_workers": 0, "image_size": 24}}
-    o = a.cli("fit", "--config", str(_cfg(a.work, "utk", model={"num_classes": 80}, data=data)),
-              "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
+    data = {
+        "class_path": "cloc_lightning.data.UTKFaceDataModule",
+        "init_args": {"root": str(a.work / "utk"), "label_mode": "age", "batch_size": 4, "num_workers": 0, "image_size": 24},
+    }
+    o = a.cli(
+        "fit",
+        "--config",
+        str(_cfg(a.work, "utk", model={"num_classes": 80}, data=data)),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "1",
+    )
     counted = any("clip" in ln and re.search(r"\d+ above", ln) for ln in (o.stderr + o.stdout).splitlines())
     return _fmt(o, "clipped ages counted" if counted else "clipped silently", "good" if counted else "silent")
 
@@ -268,25 +334,33 @@ def case_16bit_png(a: Audit) -> dict[str, Any]:
     values = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # a 16-bit ramp over the full range
     Image.fromarray(values).save(path)
     true = float((np.round(values / 257.0) >= 250).mean())
-    code = ("try:\n    from cloc_lightning.data.datasets import ImageFileDataset as D\n"
-            "except ImportError:  # a checkout from before data/base.py was split\n"
-            "    from cloc_lightning.data.base import ImageFileDataset as D\n"
-            "import torch; import numpy as np; "
-            f"x=np.asarray(D([{str(path)!r}], [0]).load(0)); print(float((x >= 250).mean()))")
+    code = (
+        "try:\n    from cloc_lightning.data.datasets import ImageFileDataset as D\n"
+        "except ImportError:  # a checkout from before data/base.py was split\n"
+        "    from cloc_lightning.data.base import ImageFileDataset as D\n"
+        "import torch; import numpy as np; "
+        f"x=np.asarray(D([{str(path)!r}], [0]).load(0)); print(float((x >= 250).mean()))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
     share = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]
     try:
         verdict = "good" if abs(float(share) - true) < 0.01 else "silent"
     except ValueError:
         verdict = "buried"
-    return {"rc": proc.returncode, "stderr lines": 0, "says": "", "verdict": verdict,
-            "outcome": f"share of pixels >= 250: {share} (the ramp's true share: {true:.3f})"}
+    return {
+        "rc": proc.returncode,
+        "stderr lines": 0,
+        "says": "",
+        "verdict": verdict,
+        "outcome": f"share of pixels >= 250: {share} (the ramp's true share: {true:.3f})",
+    }
 
 
 def _one_line_case(*args: str) -> Callable[[Audit], dict[str, Any]]:
     def run(a: Audit) -> dict[str, Any]:
         o = a.cli(*[s.replace("{work}", str(a.work)).replace("{cfg}", str(_cfg(a.work, "base"))) for s in args])
         return _fmt(o)
+
     return run
 
 
@@ -297,14 +371,12 @@ def case_init_from_yaml(a: Audit) -> dict[str, Any]:
 
 def case_image_size_0(a: Audit) -> dict[str, Any]:
     labels = [str(i % 4) for i in range(24)]
-    return _fmt(a.cli("fit", "--config", str(_cfg(a.work, "size0", data=_csv_data(a.work, labels))),
-                      "--data.init_args.image_size", "0"))
+    return _fmt(a.cli("fit", "--config", str(_cfg(a.work, "size0", data=_csv_data(a.work, labels))), "--data.init_args.image_size", "0"))
 
 
 def case_save_dir_not_a_folder(a: Audit) -> dict[str, Any]:
     (a.work / "afile").write_text("x")
-    return _fmt(a.cli("fit", "--config", str(_cfg(a.work, "base")), "--trainer.logger.init_args.save_dir",
-                      str(a.work / "afile")))
+    return _fmt(a.cli("fit", "--config", str(_cfg(a.work, "base")), "--trainer.logger.init_args.save_dir", str(a.work / "afile")))
 
 
 def case_yaml_syntax_error(a: Audit) -> dict[str, Any]:
@@ -313,14 +385,39 @@ def case_yaml_syntax_error(a: Audit) -> dict[str, Any]:
 
 
 def case_validate_other_class_count(a: Audit) -> dict[str, Any]:
-    ckpt = a.trained("eight", model={"num_classes": 8}, data={
-        "class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-            "num_classes": 8, "train_size": 32, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0,
-            "image_size": 32}})
-    cfg = _cfg(a.work, "five", model={"num_classes": 5}, data={
-        "class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-            "num_classes": 5, "train_size": 32, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0,
-            "image_size": 32}})
+    ckpt = a.trained(
+        "eight",
+        model={"num_classes": 8},
+        data={
+            "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+            "init_args": {
+                "num_classes": 8,
+                "train_size": 32,
+                "val_size": 8,
+                "test_size": 8,
+                "batch_size": 8,
+                "num_workers": 0,
+                "image_size": 32,
+            },
+        },
+    )
+    cfg = _cfg(
+        a.work,
+        "five",
+        model={"num_classes": 5},
+        data={
+            "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+            "init_args": {
+                "num_classes": 5,
+                "train_size": 32,
+                "val_size": 8,
+                "test_size": 8,
+                "batch_size": 8,
+                "num_workers": 0,
+                "image_size": 32,
+            },
+        },
+    )
     return _fmt(a.cli("validate", "--config", str(cfg), "--ckpt_path", str(ckpt)))
 
 
@@ -329,22 +426,37 @@ def case_help_time(a: Audit) -> dict[str, Any]:
     for _ in range(3):
         o = a.cli("fit", "--help")
         times.append(o.seconds)
-    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "verdict": "good" if o.rc == 0 else "buried",
-            "outcome": f"{min(times):.1f} s (min of 3; median {sorted(times)[1]:.1f} s)"}
+    return {
+        "rc": o.rc,
+        "stderr lines": o.lines,
+        "says": "",
+        "verdict": "good" if o.rc == 0 else "buried",
+        "outcome": f"{min(times):.1f} s (min of 3; median {sorted(times)[1]:.1f} s)",
+    }
 
 
 def case_probe_help(a: Audit) -> dict[str, Any]:
     o = a.cli("probe", "--help")
     lam = "<lambda>" in o.stdout
-    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "verdict": "buried" if lam or o.rc else "good",
-            "outcome": "shows '<function … <lambda>>'" if lam else "no lambda reprs"}
+    return {
+        "rc": o.rc,
+        "stderr lines": o.lines,
+        "says": "",
+        "verdict": "buried" if lam or o.rc else "good",
+        "outcome": "shows '<function … <lambda>>'" if lam else "no lambda reprs",
+    }
 
 
 def case_model_help_rest(a: Audit) -> dict[str, Any]:
     o = a.cli("fit", "--model.help", "CLOCModule")
     raw = len(re.findall(r":(class|func|meth|attr):|``", o.stdout))
-    return {"rc": o.rc, "stderr lines": o.lines, "says": "", "verdict": "buried" if raw or o.rc else "good",
-            "outcome": f"{raw} raw reST markups"}
+    return {
+        "rc": o.rc,
+        "stderr lines": o.lines,
+        "says": "",
+        "verdict": "buried" if raw or o.rc else "good",
+        "outcome": f"{raw} raw reST markups",
+    }
 
 
 # ---- issue 42 (round 2), items 3, 4, 5, 13: each case also returns a "verdict" computed from what it observed
@@ -366,11 +478,37 @@ def _refused_in_one_line(o: Outcome, *needles: str) -> bool:
 
 
 def case_phase2_without_margins(a: Audit) -> dict[str, Any]:
-    o = a.cli("fit", "--config", str(a.repo / "configs" / "cloc" / "demo_phase2.yaml"), "--model.backbone", "test_resnet",
-              "--data.train_size", "32", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8",
-              "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
-              "--trainer.limit_val_batches", "1", "--test_after_fit", "false", "--trainer.accelerator", "cpu",
-              "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(a.work / "runs"))
+    o = a.cli(
+        "fit",
+        "--config",
+        str(a.repo / "configs" / "cloc" / "demo_phase2.yaml"),
+        "--model.backbone",
+        "test_resnet",
+        "--data.train_size",
+        "32",
+        "--data.val_size",
+        "8",
+        "--data.test_size",
+        "8",
+        "--data.batch_size",
+        "8",
+        "--data.num_workers",
+        "0",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--test_after_fit",
+        "false",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(a.work / "runs"),
+    )
     good = _refused_in_one_line(o, "demo_phase2.yaml", "learnable_map", "cloc_margins.yaml")
     note = "trained phase one again (all margins learnable)" if o.rc == 0 else "stopped"
     return {**_fmt(o, note), "verdict": _verdict(o, good)}
@@ -379,10 +517,19 @@ def case_phase2_without_margins(a: Audit) -> dict[str, Any]:
 def case_utkface_ages_0_and_250_bins(a: Audit) -> dict[str, Any]:
     for i, age in enumerate([0, 3, 10, 25, 40, 60, 95, 250] * 3):
         _jpeg(a.work / "utk" / f"{age}_0_0_2017{i:08d}.jpg", i)
-    data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
-        "root": str(a.work / "utk"), "batch_size": 4, "num_workers": 0, "image_size": 24}}  # label_mode: bins (default)
-    o = a.cli("fit", "--config", str(_cfg(a.work, "utkbins", model={"num_classes": 8}, data=data)),
-              "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
+    data = {
+        "class_path": "cloc_lightning.data.UTKFaceDataModule",
+        "init_args": {"root": str(a.work / "utk"), "batch_size": 4, "num_workers": 0, "image_size": 24},
+    }  # label_mode: bins (default)
+    o = a.cli(
+        "fit",
+        "--config",
+        str(_cfg(a.work, "utkbins", model={"num_classes": 8}, data=data)),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "1",
+    )
     said = _refused_in_one_line(o, "6 UTKFace file(s)", "outside 1..116", "age_range", "strict_names")
     return {**_fmt(o, "binned silently (250 -> 60+, 0 -> 0-3)" if o.rc == 0 else "stopped"), "verdict": _verdict(o, said)}
 
@@ -391,9 +538,24 @@ def _one_class_folder(a: Audit, *extra: str) -> dict[str, Any]:
     for split in ("train", "test"):
         for i in range(3):
             _jpeg(a.work / "one" / split / "cats" / f"{i}.jpg", i)
-    o = a.cli("fit", "--model", "CEModule", "--model.backbone", "test_resnet", *extra, "--data", "ImageFolderDataModule",
-              "--data.root", str(a.work / "one"), "--data.num_workers", "0", "--trainer.max_epochs", "1",
-              "--trainer.logger.init_args.save_dir", str(a.work / "runs"))
+    o = a.cli(
+        "fit",
+        "--model",
+        "CEModule",
+        "--model.backbone",
+        "test_resnet",
+        *extra,
+        "--data",
+        "ImageFolderDataModule",
+        "--data.root",
+        str(a.work / "one"),
+        "--data.num_workers",
+        "0",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.logger.init_args.save_dir",
+        str(a.work / "runs"),
+    )
     lines = _error_lines(o)
     first = lines[0] if lines else ""
     blames = "num_classes must be" in first or "model.num_classes=" in first  # a setting the user never made
@@ -418,16 +580,20 @@ def _utk_trained(a: Audit) -> dict[str, Path]:
         root = a.work / "utk_train"
         for i, age in enumerate([2, 6, 10, 20, 30, 40, 52, 70] * 6):
             _jpeg(root / f"{age}_0_0_2016{i:08d}.jpg", i)
-        data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
-            "root": str(root), "batch_size": 4, "num_workers": 0, "image_size": 24}}
+        data = {
+            "class_path": "cloc_lightning.data.UTKFaceDataModule",
+            "init_args": {"root": str(root), "batch_size": 4, "num_workers": 0, "image_size": 24},
+        }
         ckpt = a.trained("utkown", model={"num_classes": 8}, data=data)
         _UTK_RUN.update(root=root, ckpt=ckpt)
     return _UTK_RUN
 
 
 def _eval_cfg(a: Audit, name: str, **data_args: Any) -> Path:
-    data = {"class_path": "cloc_lightning.data.UTKFaceDataModule", "init_args": {
-        "batch_size": 4, "num_workers": 0, "image_size": 24, **data_args}}
+    data = {
+        "class_path": "cloc_lightning.data.UTKFaceDataModule",
+        "init_args": {"batch_size": 4, "num_workers": 0, "image_size": 24, **data_args},
+    }
     csv_logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(a.work / "runs"), "name": name}}
     return _cfg(a.work, name, model={"num_classes": 8}, data=data, trainer={"logger": csv_logger, "limit_test_batches": 1.0})
 
@@ -448,8 +614,10 @@ def case_test_on_own_folder_without_root(a: Audit) -> dict[str, Any]:
 
 def case_test_folder_copies_of_training_faces(a: Audit) -> dict[str, Any]:
     run = _utk_trained(a)
-    code = ("from cloc_lightning.data import UTKFaceDataModule as D; "
-            f"d=D({str(run['root'])!r}, num_workers=0); print('\\n'.join(d._ensure_base()['train'].files))")
+    code = (
+        "from cloc_lightning.data import UTKFaceDataModule as D; "
+        f"d=D({str(run['root'])!r}, num_workers=0); print('\\n'.join(d._ensure_base()['train'].files))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300)
     train = [ln for ln in proc.stdout.splitlines() if ln.endswith(".jpg")]
     import shutil
@@ -459,8 +627,9 @@ def case_test_folder_copies_of_training_faces(a: Audit) -> dict[str, Any]:
         shutil.copy(src, a.work / "dup" / f"{(i % 80) + 5}_1_1_2020{i:08d}.jpg")
     for i in range(4):
         _jpeg(a.work / "dup" / f"{30 + i}_0_1_2021{i:08d}.jpg", 700 + i)
-    o = a.cli("test", "--config", str(_eval_cfg(a, "dup", root=str(run["root"]), test_root=str(a.work / "dup"))),
-              "--ckpt_path", str(run["ckpt"]))
+    o = a.cli(
+        "test", "--config", str(_eval_cfg(a, "dup", root=str(run["root"]), test_root=str(a.work / "dup"))), "--ckpt_path", str(run["ckpt"])
+    )
     warned = [ln for ln in o.stderr.splitlines() if "training split" in ln and "26 of 30" in ln and "26 byte-identical" in ln]
     good = o.rc == 0 and len(warned) == 1
     return {**_fmt(o, "warned with the count" if warned else "scored silently as held-out faces"), "verdict": _verdict(o, good)}
@@ -470,8 +639,13 @@ def case_predict_utkface_folder_targets(a: Audit) -> dict[str, Any]:
     run = _utk_trained(a)
     for i, age in enumerate([3, 7, 12, 22, 33, 44]):
         _jpeg(a.work / "named" / f"{age}_1_0_2019{i:08d}.jpg", 800 + i)
-    o = a.cli("predict", "--config", str(_eval_cfg(a, "pred", root=str(run["root"]), predict_root=str(a.work / "named"))),
-              "--ckpt_path", str(run["ckpt"]))
+    o = a.cli(
+        "predict",
+        "--config",
+        str(_eval_cfg(a, "pred", root=str(run["root"]), predict_root=str(a.work / "named"))),
+        "--ckpt_path",
+        str(run["ckpt"]),
+    )
     found = list((a.work / "runs" / "pred").glob("version_*/predictions.csv"))
     header = found[0].read_text().splitlines()[0].split(",") if found else []
     good = o.rc == 0 and "target" in header
@@ -485,8 +659,10 @@ def case_test_table_and_closing_line(a: Audit) -> dict[str, Any]:
     val_rows = [k for k in table if k.startswith("val/")]
     closing = [ln for ln in o.stdout.splitlines() if ln.startswith(("logs (", "run folder ("))]
     good = o.rc == 0 and "test/images" in table and not val_rows and bool(closing) and closing[-1].startswith("logs (CSV)")
-    note = (f"table: {len(val_rows)} val/* rows, images {'counted' if 'test/images' in table else 'not counted'}; "
-            f"closing: {closing[-1].split(':')[0] if closing else 'none'}")
+    note = (
+        f"table: {len(val_rows)} val/* rows, images {'counted' if 'test/images' in table else 'not counted'}; "
+        f"closing: {closing[-1].split(':')[0] if closing else 'none'}"
+    )
     return {**_fmt(o, note), "verdict": _verdict(o, good)}
 
 
@@ -572,18 +748,44 @@ def case_threads_beside_workers(a: Audit) -> dict[str, Any]:
     (a.work / "probe_threads.py").write_text(_THREAD_PROBE)
     env = {k: v for k, v in a.env.items() if k != "OMP_NUM_THREADS"}  # the defaults, as a user without the variable
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    proc = subprocess.run([sys.executable, "-m", "cloc_lightning", "fit", "--config", str(_cfg(a.work, "threads")),
-                           "--data.init_args.num_workers", str(max(1, cores - 1)), "--trainer.max_epochs", "1",
-                           "--trainer.callbacks+=probe_threads.ThreadProbe"],
-                          cwd=a.work, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloc_lightning",
+            "fit",
+            "--config",
+            str(_cfg(a.work, "threads")),
+            "--data.init_args.num_workers",
+            str(max(1, cores - 1)),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.callbacks+=probe_threads.ThreadProbe",
+        ],
+        cwd=a.work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     m = re.search(r"THREADS (\d+) WORKERS (\d+) CPUS (\d+)", proc.stderr)
     if proc.returncode != 0 or m is None:
-        return {"rc": proc.returncode, "stderr lines": len(proc.stderr.splitlines()), "says": "",
-                "outcome": f"did not run: {proc.stderr.strip().splitlines()[-1:]}", "verdict": "buried"}
+        return {
+            "rc": proc.returncode,
+            "stderr lines": len(proc.stderr.splitlines()),
+            "says": "",
+            "outcome": f"did not run: {proc.stderr.strip().splitlines()[-1:]}",
+            "verdict": "buried",
+        }
     threads, workers, cpus = (int(g) for g in m.groups())
     verdict = "good" if threads == 1 or threads + workers <= cpus else "silent"  # oversubscribed: slow, said nowhere
-    return {"rc": proc.returncode, "stderr lines": len(proc.stderr.splitlines()), "says": "",
-            "outcome": f"{threads} intra-op threads + {workers} loader workers on {cpus} cores", "verdict": verdict}
+    return {
+        "rc": proc.returncode,
+        "stderr lines": len(proc.stderr.splitlines()),
+        "says": "",
+        "outcome": f"{threads} intra-op threads + {workers} loader workers on {cpus} cores",
+        "verdict": verdict,
+    }
 
 
 _MISMATCHED_TORCHVISION = """
@@ -603,12 +805,19 @@ main(["fit", "--help"])
 
 def case_torchvision_other_build(a: Audit) -> dict[str, Any]:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _MISMATCHED_TORCHVISION], cwd=a.work, env=a.env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MISMATCHED_TORCHVISION], cwd=a.work, env=a.env, capture_output=True, text=True, timeout=300
+    )
     err = proc.stderr.strip().splitlines()
     hits = [ln for ln in err if re.search(r"error|Error", ln)]
-    o = Outcome(proc.returncode, len(err), (hits[0] if hits else (err[-1] if err else ""))[:160],
-                time.perf_counter() - start, proc.stdout, proc.stderr)
+    o = Outcome(
+        proc.returncode,
+        len(err),
+        (hits[0] if hits else (err[-1] if err else ""))[:160],
+        time.perf_counter() - start,
+        proc.stdout,
+        proc.stderr,
+    )
     return _judged(o, r"torchvision 0\.20\.1 .*does not fit torch 2\.5\.1\+cpu.*pip install", "simulated import failure")
 
 
@@ -708,21 +917,35 @@ def case_predict_corn_init_from_ce(a: Audit) -> dict[str, Any]:
     out = a.cli("fit", "--config", str(ce))
     assert out.rc == 0, out.stderr[-2000:]
     ckpt = sorted((a.work / "runs" / "ce_src").glob("version_*/checkpoints/last.ckpt"))[-1]
-    corn = _with_model(ce, {"class_path": "cloc_lightning.methods.OrdinalRegressionModule",
-                            "init_args": {"num_classes": 4, "head": "corn", **TINY}}, "corn")
+    corn = _with_model(
+        ce,
+        {"class_path": "cloc_lightning.methods.OrdinalRegressionModule", "init_args": {"num_classes": 4, "head": "corn", **TINY}},
+        "corn",
+    )
     for i in range(4):
         _jpeg(a.work / "pred" / f"p{i}.jpg", i)
-    o = a.cli("predict", "--config", str(corn), "--model.init_args.init_from", str(ckpt),
-              "--data.init_args.predict_root", str(a.work / "pred"))
+    o = a.cli(
+        "predict", "--config", str(corn), "--model.init_args.init_from", str(ckpt), "--data.init_args.predict_root", str(a.work / "pred")
+    )
     wrote = list((a.work / "runs" / "corn").glob("version_*/predictions.csv"))
     verdict = "silent" if wrote else _one_line_verdict(o, "predict with --model.init_from", "head.*", "--ckpt_path")
     return _with_verdict(o, "predictions.csv from an untrained CORN head" if wrote else "no predictions written", verdict)
 
 
 def case_test_cloc_init_from_supcon(a: Audit) -> dict[str, Any]:
-    views = {"class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-        "num_classes": 4, "train_size": 32, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0,
-        "image_size": 32, "train_views": {"class_path": "cloc_lightning.data.SupConViews", "init_args": {"n_views": 2}}}}
+    views = {
+        "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+        "init_args": {
+            "num_classes": 4,
+            "train_size": 32,
+            "val_size": 8,
+            "test_size": 8,
+            "batch_size": 8,
+            "num_workers": 0,
+            "image_size": 32,
+            "train_views": {"class_path": "cloc_lightning.data.SupConViews", "init_args": {"n_views": 2}},
+        },
+    }
     supcon = {"class_path": "cloc_lightning.methods.SupConModule", "init_args": {**TINY}}
     cfg = _with_model(_cfg(a.work, "base", data=views, trainer={"max_epochs": 1}), supcon, "supcon_src")
     out = a.cli("fit", "--config", str(cfg))
@@ -742,8 +965,7 @@ def case_resume_finished_run(a: Audit) -> dict[str, Any]:
     changed = sorted(k for k, v in _files(a.work / "runs" / "finished").items() if before.get(k) != v)
     tested = "test/" in o.stdout
     note = f"{'tested again; ' if tested else ''}records {'changed: ' + ', '.join(changed[:4]) if changed else 'untouched'}"
-    verdict = ("silent" if changed or tested else
-               _one_line_verdict(o, "end of its run", "epoch 2 of max_epochs 2", "--trainer.max_epochs 3"))
+    verdict = "silent" if changed or tested else _one_line_verdict(o, "end of its run", "epoch 2 of max_epochs 2", "--trainer.max_epochs 3")
     return _with_verdict(o, f"{run.name}: {note}", verdict)
 
 
@@ -790,13 +1012,15 @@ def case_refused_and_failed_runs_leave_no_folder(a: Audit) -> dict[str, Any]:
     return _with_verdict(runs[-1], note, verdict)
 
 
-CASES.update({
-    "predict: CORN config, --model.init_from <CE last.ckpt>": case_predict_corn_init_from_ce,
-    "test: CLOC config, --model.init_from <SupCon last.ckpt>": case_test_cloc_init_from_supcon,
-    "--ckpt_path last on a finished run": case_resume_finished_run,
-    "finished run extended with --trainer.max_epochs 2 (LR)": case_extend_finished_run_lr,
-    "refused and failed runs leave no version_N folder": case_refused_and_failed_runs_leave_no_folder,
-})
+CASES.update(
+    {
+        "predict: CORN config, --model.init_from <CE last.ckpt>": case_predict_corn_init_from_ce,
+        "test: CLOC config, --model.init_from <SupCon last.ckpt>": case_test_cloc_init_from_supcon,
+        "--ckpt_path last on a finished run": case_resume_finished_run,
+        "finished run extended with --trainer.max_epochs 2 (LR)": case_extend_finished_run_lr,
+        "refused and failed runs leave no version_N folder": case_refused_and_failed_runs_leave_no_folder,
+    }
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -817,8 +1041,13 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 r = fn(Audit(args.repo.resolve(), work))
             except Exception as e:  # noqa: BLE001 - a case that cannot run is reported, the rest go on
-                r = {"rc": "-", "stderr lines": "-", "says": "", "verdict": "audit failed",
-                     "outcome": f"audit failed: {type(e).__name__}: {e}"[:200]}
+                r = {
+                    "rc": "-",
+                    "stderr lines": "-",
+                    "says": "",
+                    "verdict": "audit failed",
+                    "outcome": f"audit failed: {type(e).__name__}: {e}"[:200],
+                }
             verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
             print(f"| {name} | {r['rc']} | {r['stderr lines']} | {r['says']} | {r['outcome']} | {r['verdict']} |", flush=True)
     print("\n" + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f" (of {sum(verdicts.values())} cases)")

@@ -140,15 +140,12 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
     scale_ns = [64, 128, 256, 512] if quick else [256, 512, 1024, 2048, 4096]
     # peak memory: one fwd+bwd per implementation, each in a fresh process (harness.peak_memory_mb)
     mem_main = {
-        dim: {impl: peak_memory_mb("benchmarks.bench_cloc:make_case", {"impl": impl, "n": n, "dim": dim})
-              for impl in ("ours", "reference")}
+        dim: {impl: peak_memory_mb("benchmarks.bench_cloc:make_case", {"impl": impl, "n": n, "dim": dim}) for impl in ("ours", "reference")}
         for dim in DIMS
     }
-    scale_mem = {sn: peak_memory_mb("benchmarks.bench_cloc:make_case", {"impl": "ours", "n": sn, "dim": SCALE_DIM})
-                 for sn in scale_ns}
+    scale_mem = {sn: peak_memory_mb("benchmarks.bench_cloc:make_case", {"impl": "ours", "n": sn, "dim": SCALE_DIM}) for sn in scale_ns}
     data: dict[str, Any] = {
-        "case": {"batch": n, "classes": N_CLASSES, "dims": list(DIMS), "reduction": "official",
-                 "threads": torch.get_num_threads()},
+        "case": {"batch": n, "classes": N_CLASSES, "dims": list(DIMS), "reduction": "official", "threads": torch.get_num_threads()},
         "main": {},
     }
 
@@ -167,26 +164,28 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
         }
         for impl in ("ours", "reference"):
             s = stats[impl]
-            rows.append([
-                str(dim),
-                LABELS[impl],
-                s.fmt_iqr(),
-                f"{s.median_ms / stats['ours'].median_ms:.0f}x" if impl == "reference" else "1x",
-                f"{mem[impl]:.0f}",
-                f"{agree['loss_ours' if impl == 'ours' else 'loss_reference']:.8f}",
-            ])
-        goal_rows.append([
-            f"batch {n}, C = {N_CLASSES}, dim {dim}",
-            f">= {GOAL_SPEEDUP:.0f}x",
-            f"{speedup:.0f}x",
-            ("met" if speedup >= GOAL_SPEEDUP else "NOT met") if n == MAIN_BATCH else "smoke run (goal is for batch 512)",
-            f"{agree['abs_loss_diff']:.1e}",
-            f"{agree['max_abs_grad_diff_input']:.1e} (max |grad| {agree['max_abs_input_grad']:.1e})",
-            f"{agree['max_abs_grad_diff_margins']:.1e} (max |grad| {agree['max_abs_margin_grad']:.1e})",
-        ])
-    table = markdown_table(
-        ["dim", "implementation", "fwd+bwd ms (IQR)", "reference / ours", "peak MiB", "loss"], rows
-    )
+            rows.append(
+                [
+                    str(dim),
+                    LABELS[impl],
+                    s.fmt_iqr(),
+                    f"{s.median_ms / stats['ours'].median_ms:.0f}x" if impl == "reference" else "1x",
+                    f"{mem[impl]:.0f}",
+                    f"{agree['loss_ours' if impl == 'ours' else 'loss_reference']:.8f}",
+                ]
+            )
+        goal_rows.append(
+            [
+                f"batch {n}, C = {N_CLASSES}, dim {dim}",
+                f">= {GOAL_SPEEDUP:.0f}x",
+                f"{speedup:.0f}x",
+                ("met" if speedup >= GOAL_SPEEDUP else "NOT met") if n == MAIN_BATCH else "smoke run (goal is for batch 512)",
+                f"{agree['abs_loss_diff']:.1e}",
+                f"{agree['max_abs_grad_diff_input']:.1e} (max |grad| {agree['max_abs_input_grad']:.1e})",
+                f"{agree['max_abs_grad_diff_margins']:.1e} (max |grad| {agree['max_abs_margin_grad']:.1e})",
+            ]
+        )
+    table = markdown_table(["dim", "implementation", "fwd+bwd ms (IQR)", "reference / ours", "peak MiB", "loss"], rows)
     goal_table = markdown_table(
         ["case", "goal", "measured", "", "|loss diff|", "max |input grad diff|", "max |margin grad diff|"],
         goal_rows,
@@ -194,8 +193,7 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
 
     # scaling of ours
     scale_cases = {f"n{sn}": make_case("ours", sn, SCALE_DIM) for sn in scale_ns}
-    scale_stats = time_interleaved(scale_cases, repeats=3 if quick else 5, warmup=1,
-                                   max_seconds=60 if quick else 300)
+    scale_stats = time_interleaved(scale_cases, repeats=3 if quick else 5, warmup=1, max_seconds=60 if quick else 300)
     times = [scale_stats[f"n{sn}"].median_ms for sn in scale_ns]
     exponent = _fit_exponent(scale_ns, times)
     upper = len(scale_ns) // 2
@@ -205,9 +203,7 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
     for sn, t in zip(scale_ns, times, strict=True):
         unit = t / (sn**2 * math.log2(sn))
         scale_rows.append([str(sn), f"{t:.1f}", f"{unit * 1e6:.2f}", f"{unit / base:.2f}", f"{scale_mem[sn]:.0f}"])
-    scale_table = markdown_table(
-        ["batch", "ours fwd+bwd ms", "ns per N^2 log2 N", "relative to smallest", "peak MiB"], scale_rows
-    )
+    scale_table = markdown_table(["batch", "ours fwd+bwd ms", "ns per N^2 log2 N", "relative to smallest", "peak MiB"], scale_rows)
     data["scaling"] = {
         "dim": SCALE_DIM,
         "time_ms": {str(sn): vars(scale_stats[f"n{sn}"]) for sn in scale_ns},

@@ -33,8 +33,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 #: the issue's three self-supervised configs first (its goals are stated for them), then the supervised ones on UTKFace
 CONFIGS = (
-    "configs/simclr/utkface.yaml", "configs/relic/cifar10_cpu.yaml", "configs/supcon/cifar10_cpu.yaml",
-    "configs/ce/utkface.yaml", "configs/cloc/utkface.yaml", "configs/corn/utkface.yaml",
+    "configs/simclr/utkface.yaml",
+    "configs/relic/cifar10_cpu.yaml",
+    "configs/supcon/cifar10_cpu.yaml",
+    "configs/ce/utkface.yaml",
+    "configs/cloc/utkface.yaml",
+    "configs/corn/utkface.yaml",
 )
 DEVICE_PATH = ["--data.cache", "memory", "--data.augment_on", "device"]
 _OUT_ENV = "CLOC_BENCH_DATA_PATH_OUT"
@@ -106,9 +110,18 @@ class DataPathClock(L.Callback):
         out = os.environ.get(_OUT_ENV)
         if not out:
             return
-        Path(out).write_text(json.dumps({
-            "gaps": self.gaps, "device": self.device, "steps": self.steps, "items": self.items, "sizes": self.sizes, "views": self.views,
-        }))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "gaps": self.gaps,
+                    "device": self.device,
+                    "steps": self.steps,
+                    "items": self.items,
+                    "sizes": self.sizes,
+                    "views": self.views,
+                }
+            )
+        )
 
 
 def _per_item_ms(values: list[float], items: list[int], skip: int = 2) -> float:
@@ -123,12 +136,34 @@ def measure(config: str, extra: list[str], batches: int, root: Path) -> dict[str
     out = root / f"clock-{abs(hash((config, tuple(extra))))}.json"
     os.environ[_OUT_ENV] = str(out)
     args = [
-        "fit", "--config", str(REPO / config),
-        "--model.backbone", BACKBONE, "--data.num_workers", "0",
-        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "0",
-        "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
-        "--trainer.accelerator", ACCELERATOR, "--trainer.devices", "1", "--trainer.enable_progress_bar", "false",
-        "--trainer.callbacks+=benchmarks.bench_data_path.DataPathClock", "--trainer.default_root_dir", str(out.with_suffix("")),
+        "fit",
+        "--config",
+        str(REPO / config),
+        "--model.backbone",
+        BACKBONE,
+        "--data.num_workers",
+        "0",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        str(batches),
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.accelerator",
+        ACCELERATOR,
+        "--trainer.devices",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.callbacks+=benchmarks.bench_data_path.DataPathClock",
+        "--trainer.default_root_dir",
+        str(out.with_suffix("")),
         *extra,
     ]
     cwd = os.getcwd()
@@ -154,8 +189,16 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
     """Measure every config on both paths, then the SimCLR pipeline at four sizes; return ``(markdown, data)``."""
     torch.set_num_threads(1)
     batches = 6 if quick else 16
-    data: dict[str, Any] = {"configs": {}, "sizes": {}, "threads": 1, "batches": batches, "accelerator": ACCELERATOR, "backbone": BACKBONE,
-                            "date": time.strftime("%Y-%m-%d"), "loadavg_before": os.getloadavg()[0]}
+    data: dict[str, Any] = {
+        "configs": {},
+        "sizes": {},
+        "threads": 1,
+        "batches": batches,
+        "accelerator": ACCELERATOR,
+        "backbone": BACKBONE,
+        "date": time.strftime("%Y-%m-%d"),
+        "loadavg_before": os.getloadavg()[0],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for config in CONFIGS:
@@ -186,43 +229,73 @@ def render(data: dict[str, Any]) -> str:
         lo, de = r["loader"], r["device"]
         same = lo["views"]["shapes"] == de["views"]["shapes"] and lo["views"]["dtypes"] == de["views"]["dtypes"]
         distinct = de["views"]["distinct_rows_and_views"] == de["views"]["rows_and_views"]
-        rows.append([
-            f"`{config}`", f"{lo['loader_ms_per_item']:.3f}", f"{de['loader_ms_per_item']:.3f}",
-            f"{de['loader_ms_per_item'] / lo['loader_ms_per_item']:.3f}", f"{de['device_ms_per_item']:.3f}",
-            f"{de['device_ms_per_item'] / lo['loader_ms_per_item']:.2f}", f"{lo['step_ms_per_item']:.3f}",
-            "yes" if same else f"no: {lo['views']} vs {de['views']}", "yes" if distinct else "NO",
-        ])
-    head = ["config", "loader path: loader ms/item", "device path: loader ms/item", "ratio (goal <= 0.1)",
-            "device stage on the CPU, ms/item", "device stage / loader path (goal <= 1)", "step ms/item (test_resnet)",
-            "same views (shapes, dtype)", "every row and view different"]
+        rows.append(
+            [
+                f"`{config}`",
+                f"{lo['loader_ms_per_item']:.3f}",
+                f"{de['loader_ms_per_item']:.3f}",
+                f"{de['loader_ms_per_item'] / lo['loader_ms_per_item']:.3f}",
+                f"{de['device_ms_per_item']:.3f}",
+                f"{de['device_ms_per_item'] / lo['loader_ms_per_item']:.2f}",
+                f"{lo['step_ms_per_item']:.3f}",
+                "yes" if same else f"no: {lo['views']} vs {de['views']}",
+                "yes" if distinct else "NO",
+            ]
+        )
+    head = [
+        "config",
+        "loader path: loader ms/item",
+        "device path: loader ms/item",
+        "ratio (goal <= 0.1)",
+        "device stage on the CPU, ms/item",
+        "device stage / loader path (goal <= 1)",
+        "step ms/item (test_resnet)",
+        "same views (shapes, dtype)",
+        "every row and view different",
+    ]
     size_rows = []
     for px, r in data["sizes"].items():
         lo, de = r["loader"], r["device"]
-        size_rows.append([
-            f"{px} px", f"{lo['loader_ms_per_item']:.3f}", f"{lo['loader_ms_per_item']:.2f}",
-            f"{de['loader_ms_per_item']:.3f}", f"{de['loader_ms_per_item']:.3f}", f"{de['device_ms_per_item']:.3f}",
-            f"{1000 / (lo['loader_ms_per_item'] + lo['step_ms_per_item']):.0f}",
-            f"{1000 / (de['loader_ms_per_item'] + de['device_ms_per_item'] + de['step_ms_per_item']):.0f}",
-        ])
-    size_head = ["SimCLR UTKFace views", "loader path: ms/item", "loader cores per 1,000 img/s",
-                 "device path: loader ms/item", "loader cores per 1,000 img/s", "device stage on the CPU, ms/item",
-                 "end to end on 1 CPU thread, loader path (img/s)", "end to end, device path (img/s)"]
-    return "\n".join([
-        "# The data path inside Trainer.fit",
-        "",
-        f"Measured {data['date']} with accelerator `{data['accelerator']}`, one torch thread, no loader workers, backbone `{data['backbone']}`, "
-        f"{data['batches']} training batches per run (the first two not timed), medians per item; load average "
-        f"{data['loadavg_before']:.1f} before, {data['loadavg_after']:.1f} after. Device path = "
-        "`--data.cache memory --data.augment_on device` (on the CPU accelerator the device stage runs on the CPU).",
-        "",
-        markdown_table(head, rows),
-        "",
-        "Loader cores per 1,000 images/s = 1,000 x the loader's seconds per item (one worker per core); on the device "
-        "path the views are made on the GPU, so the loader only indexes the store.",
-        "",
-        markdown_table(size_head, size_rows),
-        "",
-    ])
+        size_rows.append(
+            [
+                f"{px} px",
+                f"{lo['loader_ms_per_item']:.3f}",
+                f"{lo['loader_ms_per_item']:.2f}",
+                f"{de['loader_ms_per_item']:.3f}",
+                f"{de['loader_ms_per_item']:.3f}",
+                f"{de['device_ms_per_item']:.3f}",
+                f"{1000 / (lo['loader_ms_per_item'] + lo['step_ms_per_item']):.0f}",
+                f"{1000 / (de['loader_ms_per_item'] + de['device_ms_per_item'] + de['step_ms_per_item']):.0f}",
+            ]
+        )
+    size_head = [
+        "SimCLR UTKFace views",
+        "loader path: ms/item",
+        "loader cores per 1,000 img/s",
+        "device path: loader ms/item",
+        "loader cores per 1,000 img/s",
+        "device stage on the CPU, ms/item",
+        "end to end on 1 CPU thread, loader path (img/s)",
+        "end to end, device path (img/s)",
+    ]
+    return "\n".join(
+        [
+            "# The data path inside Trainer.fit",
+            "",
+            f"Measured {data['date']} with accelerator `{data['accelerator']}`, one torch thread, no loader workers, backbone `{data['backbone']}`, "
+            f"{data['batches']} training batches per run (the first two not timed), medians per item; load average "
+            f"{data['loadavg_before']:.1f} before, {data['loadavg_after']:.1f} after. Device path = "
+            "`--data.cache memory --data.augment_on device` (on the CPU accelerator the device stage runs on the CPU).",
+            "",
+            markdown_table(head, rows),
+            "",
+            "Loader cores per 1,000 images/s = 1,000 x the loader's seconds per item (one worker per core); on the device "
+            "path the views are made on the GPU, so the loader only indexes the store.",
+            "",
+            markdown_table(size_head, size_rows),
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -97,10 +97,7 @@ class _UnloggedCLOCModule(CLOCModule):
 def make_batches(steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``steps`` fixed batches of ``[BATCH, 3, IMAGE, IMAGE]`` images and labels in ``[0, N_CLASSES)``."""
     g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(BATCH, 3, IMAGE, IMAGE, generator=g), torch.randint(0, N_CLASSES, (BATCH,), generator=g))
-        for _ in range(steps)
-    ]
+    return [(torch.randn(BATCH, 3, IMAGE, IMAGE, generator=g), torch.randint(0, N_CLASSES, (BATCH,), generator=g)) for _ in range(steps)]
 
 
 def make_loader(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> DataLoader:
@@ -193,7 +190,7 @@ def step_overhead(backbone: str, steps: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as root:
         for r in range(rounds + 1):  # round 0 warms everything up and is not counted
             losses: dict[str, list[float]] = {}
-            order = impls[r % len(impls):] + impls[: r % len(impls)]
+            order = impls[r % len(impls) :] + impls[: r % len(impls)]
             for impl in order:
                 model = make_model(backbone, log=impl != "lightning_unlogged")
                 model.load_state_dict(init)
@@ -344,8 +341,14 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
     overhead = {bb: step_overhead(bb, *plan[bb]) for bb in BACKBONES}
     ema = {bb: ema_timing(bb, repeats=10 if quick else 50) for bb in ("resnet18", "resnet50", "test_resnet")}
     data: dict[str, Any] = {
-        "case": {"model": "CLOCModule (CE + CLOC on logits, Adam, cosine)", "batch": BATCH, "image": IMAGE,
-                 "classes": N_CLASSES, "threads": torch.get_num_threads(), "ema_momentum": EMA_MOMENTUM},
+        "case": {
+            "model": "CLOCModule (CE + CLOC on logits, Adam, cosine)",
+            "batch": BATCH,
+            "image": IMAGE,
+            "classes": N_CLASSES,
+            "threads": torch.get_num_threads(),
+            "ema_momentum": EMA_MOMENTUM,
+        },
         "step": overhead,
         "ema": ema,
         "goal_overhead": GOAL_OVERHEAD,
@@ -360,33 +363,46 @@ def _run(quick: bool) -> tuple[str, dict[str, Any]]:
             t = res[key]
             ratio, diff = res[f"{pre}overhead"], res[f"{pre}overhead_ms"]
             met = "met" if ratio <= GOAL_OVERHEAD else "NOT met"
-            rows.append([
-                f"{bb} ({res['parameters'] / 1e6:.1f} M)",
-                clock,
-                cell(t["plain"]),
-                cell(t["lightning"]),
-                f"{diff:+.2f} ms = {100 * ratio:+.1f} %",
-                f"<= +{100 * GOAL_OVERHEAD:.0f} %: {met}" + ("" if not quick else " (smoke run)"),
-                cell(t["lightning_unlogged"]),
-                f"{res[f'{pre}overhead_unlogged_ms']:+.2f} ms = {100 * res[f'{pre}overhead_unlogged']:+.1f} %",
-                f"{res['max_abs_loss_diff']:.1e}",
-            ])
+            rows.append(
+                [
+                    f"{bb} ({res['parameters'] / 1e6:.1f} M)",
+                    clock,
+                    cell(t["plain"]),
+                    cell(t["lightning"]),
+                    f"{diff:+.2f} ms = {100 * ratio:+.1f} %",
+                    f"<= +{100 * GOAL_OVERHEAD:.0f} %: {met}" + ("" if not quick else " (smoke run)"),
+                    cell(t["lightning_unlogged"]),
+                    f"{res[f'{pre}overhead_unlogged_ms']:+.2f} ms = {100 * res[f'{pre}overhead_unlogged']:+.1f} %",
+                    f"{res['max_abs_loss_diff']:.1e}",
+                ]
+            )
     step_table = markdown_table(
-        ["backbone", "clock", "plain PyTorch ms/step (IQR)", "Lightning ms/step (IQR)", "Lightning - plain", "goal",
-         "Lightning, self.log off, ms/step", "(self.log off) - plain", "max |loss diff|"],
+        [
+            "backbone",
+            "clock",
+            "plain PyTorch ms/step (IQR)",
+            "Lightning ms/step (IQR)",
+            "Lightning - plain",
+            "goal",
+            "Lightning, self.log off, ms/step",
+            "(self.log off) - plain",
+            "max |loss diff|",
+        ],
         rows,
     )
     ema_rows = []
     for bb, res in ema.items():
         t = res["time_ms"]
-        ema_rows.append([
-            f"{bb} ({res['parameters'] / 1e6:.1f} M, {res['tensors']} tensors)",
-            f"{t['loop']['median_ms']:.3f}",
-            f"{t['foreach']['median_ms']:.3f}",
-            f"{res['speedup_foreach_vs_loop']:.2f}x",
-            f"{t['relic']['median_ms']:.3f}" if "relic" in t else "n/a",
-            f"{res['max_abs_diff_vs_loop']:.1e}",
-        ])
+        ema_rows.append(
+            [
+                f"{bb} ({res['parameters'] / 1e6:.1f} M, {res['tensors']} tensors)",
+                f"{t['loop']['median_ms']:.3f}",
+                f"{t['foreach']['median_ms']:.3f}",
+                f"{res['speedup_foreach_vs_loop']:.2f}x",
+                f"{t['relic']['median_ms']:.3f}" if "relic" in t else "n/a",
+                f"{res['max_abs_diff_vs_loop']:.1e}",
+            ]
+        )
     ema_table = markdown_table(
         ["model", "per-tensor loop ms", "`_foreach` ms", "loop / foreach", "ReLICModule's update ms", "max |diff|"],
         ema_rows,

@@ -82,9 +82,7 @@ def _loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, t
     if impl == "ours_g0a0":
         return lambda x, xp, t, b: sigmoid_contrastive_loss(x, xp, t, b, alpha=0.0, gamma=0.0, max_tau=MAX_TAU)[0]
     if impl == "ours_g0a0_nokl":
-        return lambda x, xp, t, b: sigmoid_contrastive_loss(
-            x, xp, t, b, alpha=0.0, gamma=0.0, max_tau=MAX_TAU, compute_invariance=False
-        )[0]
+        return lambda x, xp, t, b: sigmoid_contrastive_loss(x, xp, t, b, alpha=0.0, gamma=0.0, max_tau=MAX_TAU, compute_invariance=False)[0]
     if impl == "ours_g1a1":
         return lambda x, xp, t, b: sigmoid_contrastive_loss(x, xp, t, b, alpha=1.0, gamma=1.0, max_tau=MAX_TAU)[0]
     if impl == "scl":
@@ -93,9 +91,7 @@ def _loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, t
         from open_clip.loss import SigLipLoss
 
         siglip = SigLipLoss()
-        return lambda x, xp, t, b: siglip(
-            F.normalize(x, dim=-1), F.normalize(xp, dim=-1), t.exp().clamp(0, MAX_TAU), b
-        )
+        return lambda x, xp, t, b: siglip(F.normalize(x, dim=-1), F.normalize(xp, dim=-1), t.exp().clamp(0, MAX_TAU), b)
     raise ValueError(f"unknown impl {impl!r}")
 
 
@@ -195,8 +191,15 @@ def _time_section(n: int, repeats: int, quick: bool) -> dict[str, Any]:
     mem = {impl: peak_memory_mb("benchmarks.bench_sigmoid:make_case", {"impl": impl, "n": n}) for impl in IMPLS}
     ratios = {name: stats[num].median_ms / stats[den].median_ms for name, num, den, _, _ in GOALS}
     threads = torch.get_num_threads()
-    return {"threads": threads, "stats": stats, "peak_memory_mb": mem, "ratios": ratios, "load_average_1m": load,
-            "other_processes_cores": other_cores, "busy": _busy(other_cores, load, threads)}
+    return {
+        "threads": threads,
+        "stats": stats,
+        "peak_memory_mb": mem,
+        "ratios": ratios,
+        "load_average_1m": load,
+        "other_processes_cores": other_cores,
+        "busy": _busy(other_cores, load, threads),
+    }
 
 
 def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
@@ -223,7 +226,9 @@ def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
     before, after = sec["load_average_1m"]
     busy = (
         " **Machine busy: other processes competed for the cores, so these ratios are not the idle ones (see the "
-        "module docstring); re-run on an idle machine.**" if sec["busy"] else ""
+        "module docstring); re-run on an idle machine.**"
+        if sec["busy"]
+        else ""
     )
     return (
         f"#### {sec['threads']} torch thread{'s' if sec['threads'] != 1 else ''} "
@@ -281,9 +286,7 @@ def run(quick: bool = False, threads: list[int | None] | None = None) -> tuple[s
                 f"{a['abs_grad_diff_tau']:.1e} / {a['abs_grad_diff_b']:.1e}",
             ]
         )
-    agree_table = markdown_table(
-        ["pair", "loss (ours / peer)", "|loss diff|", "max |grad diff| x, x'", "|grad diff| tau / b"], agree_rows
-    )
+    agree_table = markdown_table(["pair", "loss (ours / peer)", "|loss diff|", "max |grad diff| x, x'", "|grad diff| tau / b"], agree_rows)
     md = (
         f"### Sigmoid contrastive loss, fwd+bwd, batch {n}, dim {DIM}, tau = log 5, b = -5, max_tau = 5\n\n"
         f"x, x', tau and b require gradients; every step includes the L2 normalisation (ours and the seed "
@@ -303,7 +306,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="batch 512, few repeats (smoke run, writes nothing)")
     parser.add_argument(
-        "--threads", type=int, nargs="*", default=None,
+        "--threads",
+        type=int,
+        nargs="*",
+        default=None,
         help="torch thread counts to time with (0 = torch default); default: 1 and the default",
     )
     args = parser.parse_args()

@@ -148,9 +148,7 @@ def run(quick: bool = False) -> tuple[str, dict[str, Any]]:
                 f"{agreement[impl]['abs_diff_vs_ours']:.1e}",
             ]
         )
-    table = markdown_table(
-        ["implementation", "fwd+bwd ms (IQR)", "time / ours dense", "peak MiB", "loss", "|loss - ours|"], rows
-    )
+    table = markdown_table(["implementation", "fwd+bwd ms (IQR)", "time / ours dense", "peak MiB", "loss", "|loss - ours|"], rows)
 
     ratios = {
         "speedup_vs_pml_dense": stats["pml"].median_ms / t_ours,

@@ -94,8 +94,13 @@ VIEWS = {"supcon": 2, "simclr": 2, "relic": 2}
 N_CLASSES = {"ce": 10, "cloc": 8, "supcon": 10, "simclr": 10, "relic": 10, "linear_probe": 10, "ordinal_clip": 80}
 ORDINAL = {"cloc", "ordinal_clip"}
 LABELS = {
-    "ce": "CE", "cloc": "CLOC (mm, on logits)", "supcon": "SupCon", "simclr": "SimCLR", "relic": "ReLIC (2 global views)",
-    "linear_probe": "LinearProbe (frozen encoder)", "ordinal_clip": "OrdinalCLIP (timm encoder, 80 rank prompts)",
+    "ce": "CE",
+    "cloc": "CLOC (mm, on logits)",
+    "supcon": "SupCon",
+    "simclr": "SimCLR",
+    "relic": "ReLIC (2 global views)",
+    "linear_probe": "LinearProbe (frozen encoder)",
+    "ordinal_clip": "OrdinalCLIP (timm encoder, 80 rank prompts)",
 }
 DATA_ENV = "CLOC_BENCH_DATA"
 
@@ -128,7 +133,9 @@ PLANS: dict[str, tuple[StepSize, ...]] = {
 }
 #: data pipeline of each plan: {image size: items per timed chunk} (224 px ReLIC items take ~0.5 s each), repeats
 PIPELINE_PLAN: dict[str, tuple[dict[int, int], int]] = {
-    "cuda": ({32: 24, 64: 12, 224: 3}, 5), "cpu": ({32: 24, 64: 12, 224: 3}, 5), "quick": ({32: 4}, 2),
+    "cuda": ({32: 24, 64: 12, 224: 3}, 5),
+    "cpu": ({32: 24, 64: 12, 224: 3}, 5),
+    "quick": ({32: 4}, 2),
 }
 #: seconds the whole run may take when nothing else is said (``budget_s`` / ``$CLOC_BENCH_BUDGET_S``); None = the full plan
 DEFAULT_BUDGET_S: dict[str, float | None] = {"cuda": 180.0, "cpu": None, "quick": None}
@@ -156,22 +163,42 @@ def make_module(method: str, size: StepSize, n_classes: int | None = None) -> L.
     common: dict[str, Any] = {"backbone": size.backbone, "cifar_stem": size.cifar_stem}
     torch.manual_seed(0)
     if method == "ce":  # configs/ce/cifar10.yaml (SGD, cosine); lr for a short random-data run
-        return M.CEModule(num_classes=c, task=task, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4,
-                          scheduler="cosine", **common)
+        return M.CEModule(num_classes=c, task=task, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4, scheduler="cosine", **common)
     if method == "cloc":  # configs/cloc/utkface.yaml
-        return M.CLOCModule(num_classes=c, task=task, margin_mode="mm", loss_weight=1.0, cloc_on="logits", optimizer="adam",
-                            lr=1e-3, weight_decay=1e-4, scheduler="cosine", **common)
+        return M.CLOCModule(
+            num_classes=c,
+            task=task,
+            margin_mode="mm",
+            loss_weight=1.0,
+            cloc_on="logits",
+            optimizer="adam",
+            lr=1e-3,
+            weight_decay=1e-4,
+            scheduler="cosine",
+            **common,
+        )
     if method in ("supcon", "simclr"):  # configs/{supcon,simclr}/cifar10.yaml: SGD, cosine, online probe
         return M.SupConModule(method=method, num_classes=c, task=task, n_views=2, projector_dim=128, lr=0.05, **common)
     if method == "relic":  # configs/relic/cifar10.yaml with 2 global views, no local ones
         return M.ReLICModule(num_classes=c, task=task, num_global_views=2, num_local_views=0, **common)
     if method == "linear_probe":  # configs/linear_probe/cifar10.yaml; a random encoder stands for stage one's
-        return M.LinearProbeModule(num_classes=c, task=task,
-                                   encoder_info={"backbone": size.backbone, "cifar_stem": size.cifar_stem}, lr=0.1)
+        return M.LinearProbeModule(
+            num_classes=c, task=task, encoder_info={"backbone": size.backbone, "cifar_stem": size.cifar_stem}, lr=0.1
+        )
     if method == "ordinal_clip":  # configs/ordinal_clip/utkface.yaml (timm encoder, rank prompts on a random CLIP text tower)
-        return M.OrdinalCLIPModule(num_classes=c, task=task, clip_model="ViT-S-32-alt", pretrained=None, image_encoder="timm",
-                                   head="prompts", logit_scale=4.6052, optimizer="radam", lr=1e-3, scheduler="cosine",
-                                   **common)
+        return M.OrdinalCLIPModule(
+            num_classes=c,
+            task=task,
+            clip_model="ViT-S-32-alt",
+            pretrained=None,
+            image_encoder="timm",
+            head="prompts",
+            logit_scale=4.6052,
+            optimizer="radam",
+            lr=1e-3,
+            scheduler="cosine",
+            **common,
+        )
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
@@ -259,8 +286,9 @@ class PlainLoop:
             self.nets["target_encoder"].requires_grad_(False)
             self.nets["target_projector"].requires_grad_(False)
             self.online_state = [t for n in ("backbone", "projector") for t in [*self.nets[n].parameters(), *self.nets[n].buffers()]]
-            self.target_state = [t for n in ("target_encoder", "target_projector")
-                                 for t in [*self.nets[n].parameters(), *self.nets[n].buffers()]]
+            self.target_state = [
+                t for n in ("target_encoder", "target_projector") for t in [*self.nets[n].parameters(), *self.nets[n].buffers()]
+            ]
             self.bank: torch.Tensor | None = None
         self.views = VIEWS.get(method, 1)
 
@@ -313,8 +341,9 @@ class PlainLoop:
             online = [n["projector"](n["backbone"](v)) for v in x]
             pairs = [(i, j) for i in range(len(targets)) for j in range(len(online)) if i != j]
             with torch.autocast(x[0].device.type, enabled=False):  # the loss in float32, as the module computes it
-                loss = sum(n["loss"](online[j].float(), targets[i].float(), gamma=float(self.hp.gamma), global_step=step)
-                           for i, j in pairs) / len(pairs)
+                loss = sum(
+                    n["loss"](online[j].float(), targets[i].float(), gamma=float(self.hp.gamma), global_step=step) for i, j in pairs
+                ) / len(pairs)
             self._remember(first)
             return loss + F.cross_entropy(n["probe"](first), y)
         raise ValueError(m)
@@ -325,7 +354,7 @@ class PlainLoop:
         if not self.hp.get("knn_k"):
             return
         bank = features if self.bank is None else torch.cat([self.bank, features])
-        self.bank = bank[-int(self.hp.knn_bank_size):]
+        self.bank = bank[-int(self.hp.knn_bank_size) :]
 
     def after_step(self, step: int, total: int) -> None:
         """ReLIC: the target is a copy for the first steps, then follows the online network (cosine beta, BYOL)."""
@@ -373,8 +402,14 @@ def lightly_simclr(backbone: nn.Module, feature_dim: int, n_classes: int, lr: fl
         def configure_optimizers(self) -> Any:
             cls_params = list(self.online_classifier.parameters())
             ids = {id(p) for p in cls_params}
-            opt = torch.optim.SGD([{"params": [p for p in self.parameters() if id(p) not in ids], "weight_decay": 1e-4},
-                                   {"params": cls_params, "weight_decay": 0.0}], lr=lr, momentum=0.9)
+            opt = torch.optim.SGD(
+                [
+                    {"params": [p for p in self.parameters() if id(p) not in ids], "weight_decay": 1e-4},
+                    {"params": cls_params, "weight_decay": 0.0},
+                ],
+                lr=lr,
+                momentum=0.9,
+            )
             total = max(1, int(self.trainer.estimated_stepping_batches))
             sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(total))
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -434,18 +469,27 @@ def _memory_peak(device: torch.device, base: float) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20 - base if device.type == "cuda" else None
 
 
-def lightning_round(module: L.LightningModule, loader: DataLoader, steps: int, device: torch.device, root: str,
-                    precision: str) -> Round:
+def lightning_round(module: L.LightningModule, loader: DataLoader, steps: int, device: torch.device, root: str, precision: str) -> Round:
     """One ``Trainer.fit`` of ``steps`` batches as users run it (TensorBoard logger, the module's callbacks)."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     clock = _RoundClock(steps, device)
     trainer = L.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, precision=precision,  # type: ignore[arg-type]
-        max_epochs=1, max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0,
-        logger=TensorBoardLogger(root, name=type(module).__name__), log_every_n_steps=LOG_EVERY_N_STEPS,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        benchmark=True if device.type == "cuda" else None, default_root_dir=root, callbacks=[clock],
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        precision=precision,  # type: ignore[arg-type]
+        max_epochs=1,
+        max_steps=steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=TensorBoardLogger(root, name=type(module).__name__),
+        log_every_n_steps=LOG_EVERY_N_STEPS,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        benchmark=True if device.type == "cuda" else None,
+        default_root_dir=root,
+        callbacks=[clock],
     )
     base = _memory_start(device)
     trainer.fit(module, train_dataloaders=loader)
@@ -497,8 +541,15 @@ def _median_iqr(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "q25": q[0], "q75": q[2], "n": len(values)}
 
 
-def step_case(method: str, size: StepSize, device: torch.device, precision: str = "32-true", rounds: int | None = None,
-              n_classes: int | None = None, max_seconds: float | None = None) -> dict[str, Any]:
+def step_case(
+    method: str,
+    size: StepSize,
+    device: torch.device,
+    precision: str = "32-true",
+    rounds: int | None = None,
+    n_classes: int | None = None,
+    max_seconds: float | None = None,
+) -> dict[str, Any]:
     """Interleaved rounds of ours / plain (/ lightly for SimCLR) for ``method`` at ``size``; images/s and checks.
 
     ``max_seconds``: after the warm-up round, run only as many timed rounds (at least one) as
@@ -529,7 +580,7 @@ def step_case(method: str, size: StepSize, device: torch.device, precision: str 
                 warm = time.perf_counter() - t_warm
                 left = max_seconds - (time.perf_counter() - t_start)
                 rounds = max(1, min(rounds, int(left // warm)))
-            order = names[r % len(names):] + names[: r % len(names)] if r else names
+            order = names[r % len(names) :] + names[: r % len(names)] if r else names
             for name in order:
                 impl = impls[name]
                 if name == "plain":
@@ -571,13 +622,17 @@ def step_case(method: str, size: StepSize, device: torch.device, precision: str 
         "ratio_ours_plain": ours / plain,
         # per round, ours and plain ran next to each other: the median of their per-round ratios resists drift
         "paired_ratio_ours_plain": _median_iqr([p.wall_s / o.wall_s for o, p in zip(results["ours"], results["plain"], strict=True)]),
-        "paired_ratio_ours_plain_cpu_time": _median_iqr([p.cpu_s / o.cpu_s for o, p in zip(results["ours"], results["plain"], strict=True)]),
+        "paired_ratio_ours_plain_cpu_time": _median_iqr(
+            [p.cpu_s / o.cpu_s for o, p in zip(results["ours"], results["plain"], strict=True)]
+        ),
         "first_loss": first_loss,
         "first_loss_diff_ours_plain": abs(first_loss["ours"] - first_loss["plain"]),
     }
     if "lightly" in per_impl:
         out["ratio_ours_lightly"] = ours / per_impl["lightly"]["images_per_s"]["median"]
-        out["paired_ratio_ours_lightly"] = _median_iqr([p.wall_s / o.wall_s for o, p in zip(results["ours"], results["lightly"], strict=True)])
+        out["paired_ratio_ours_lightly"] = _median_iqr(
+            [p.wall_s / o.wall_s for o, p in zip(results["ours"], results["lightly"], strict=True)]
+        )
     if lightly_note:
         out["lightly"] = lightly_note
     return out
@@ -644,15 +699,20 @@ def pipeline_specs() -> dict[str, tuple[str, Callable[[int], Callable[[Any], Any
     mean, std = CIFAR_MEAN, CIFAR_STD
     relic = {"blur_p": 1.0, "blur_kernel_from": "global", "local_size_rounding": "floor", "solarize_threshold": 127}
     return {
-        "rrc_flip": ("CE, LinearProbe (configs/{ce,linear_probe}/cifar10.yaml)",
-                     lambda s: train_transform(s, mean, std, "rrc_flip", (0.2, 1.0))),
-        "crop_flip": ("CLOC, OrdinalCLIP (configs/{cloc,ordinal_clip}/utkface.yaml)",
-                      lambda s: train_transform(s, mean, std, "crop_flip")),
+        "rrc_flip": (
+            "CE, LinearProbe (configs/{ce,linear_probe}/cifar10.yaml)",
+            lambda s: train_transform(s, mean, std, "rrc_flip", (0.2, 1.0)),
+        ),
+        "crop_flip": ("CLOC, OrdinalCLIP (configs/{cloc,ordinal_clip}/utkface.yaml)", lambda s: train_transform(s, mean, std, "crop_flip")),
         "supcon_views": ("SupCon, SimCLR: SupConViews, 2 views", lambda s: SupConViews(n_views=2).build(s, mean, std)),
-        "relic_2": ("ReLIC: MultiCropViews, 2 global views (the step benchmarked here)",
-                    lambda s: MultiCropViews(2, 0, **relic).build(s, mean, std)),  # type: ignore[arg-type]
-        "relic_2_4": ("ReLIC: MultiCropViews 2 global + 4 local (configs/relic/cifar10.yaml)",
-                      lambda s: MultiCropViews(2, 4, **relic).build(s, mean, std)),  # type: ignore[arg-type]
+        "relic_2": (
+            "ReLIC: MultiCropViews, 2 global views (the step benchmarked here)",
+            lambda s: MultiCropViews(2, 0, **relic).build(s, mean, std),
+        ),  # type: ignore[arg-type]
+        "relic_2_4": (
+            "ReLIC: MultiCropViews 2 global + 4 local (configs/relic/cifar10.yaml)",
+            lambda s: MultiCropViews(2, 4, **relic).build(s, mean, std),
+        ),  # type: ignore[arg-type]
     }
 
 
@@ -679,13 +739,21 @@ def pipeline_bench(chunks: dict[int, int], repeats: int, max_seconds: float | No
             rows = {}
             for name, (methods, _) in specs.items():
                 aug = stats[name].median_ms / len(files)
-                rows[name] = {"methods": methods, "decode_ms": decode, "augment_ms": aug, "total_ms": decode + aug,
-                              "items_per_s_per_core": 1e3 / (decode + aug), "augment_only_items_per_s_per_core": 1e3 / aug}
+                rows[name] = {
+                    "methods": methods,
+                    "decode_ms": decode,
+                    "augment_ms": aug,
+                    "total_ms": decode + aug,
+                    "items_per_s_per_core": 1e3 / (decode + aug),
+                    "augment_only_items_per_s_per_core": 1e3 / aug,
+                }
             out[str(size)] = {"source": desc, "items": len(files), "pipelines": rows}
     return out
 
 
-def jitter_bench(chunks: dict[int, int], batch: int, device: torch.device, repeats: int, max_seconds: float | None = None) -> dict[str, Any]:
+def jitter_bench(
+    chunks: dict[int, int], batch: int, device: torch.device, repeats: int, max_seconds: float | None = None
+) -> dict[str, Any]:
     """Per size: µs per image of SupCon's colour augmentation and of ReLIC's Gaussian blur, on the loader vs batched on ``device``.
 
     Loader: torchvision v2 on one uint8 image (what a loader worker does per view).
@@ -754,8 +822,15 @@ def _fmt_ratio(s: dict[str, float]) -> str:
 
 
 def _loader_pipeline(method: str) -> str:
-    return {"ce": "rrc_flip", "linear_probe": "rrc_flip", "cloc": "crop_flip", "ordinal_clip": "crop_flip",
-            "supcon": "supcon_views", "simclr": "supcon_views", "relic": "relic_2"}[method]
+    return {
+        "ce": "rrc_flip",
+        "linear_probe": "rrc_flip",
+        "cloc": "crop_flip",
+        "ordinal_clip": "crop_flip",
+        "supcon": "supcon_views",
+        "simclr": "supcon_views",
+        "relic": "relic_2",
+    }[method]
 
 
 def render(data: dict[str, Any]) -> str:
@@ -774,39 +849,105 @@ def render(data: dict[str, Any]) -> str:
         met = ("met" if ratio >= GOAL_RATIO_PLAIN else "NOT met") + smoke
         if "lightly" in im:
             pl = case["paired_ratio_ours_lightly"]
-            light = f"{_fmt_ips(im['lightly']['images_per_s'])}; ours/lightly **{_fmt_ratio(pl)}** " + (
-                "(met)" if pl["median"] >= GOAL_RATIO_LIGHTLY else "(NOT met)") + smoke
+            light = (
+                f"{_fmt_ips(im['lightly']['images_per_s'])}; ours/lightly **{_fmt_ratio(pl)}** "
+                + ("(met)" if pl["median"] >= GOAL_RATIO_LIGHTLY else "(NOT met)")
+                + smoke
+            )
         else:
             light = case.get("lightly", "")
         peak = im["ours"]["peak_step_mib"]
         mem = "" if peak is None else f"{peak:.0f} / {im['plain']['peak_step_mib']:.0f}"
         pipe = data["pipeline"].get(str(size.image), {}).get("pipelines", {}).get(_loader_pipeline(case["method"]))
         cores = f"{im['ours']['images_per_s']['median'] / pipe['items_per_s_per_core']:.1f}" if pipe else "-"
-        rows.append([
-            LABELS[case["method"]], f"{size.label}, {case['views']} view(s)", _fmt_ips(im["ours"]["images_per_s"]),
-            _fmt_ips(im["plain"]["images_per_s"]), f"**{_fmt_ratio(paired)}**", f">= {GOAL_RATIO_PLAIN}: {met}",
-            _fmt_ratio(case["paired_ratio_ours_plain_cpu_time"]), light, mem, f"{case['first_loss_diff_ours_plain']:.1e}", cores,
-        ])
-    headers = ["method", "size", "ours images/s (IQR)", "plain images/s (IQR)", "ours/plain (IQR)", "goal", "ours/plain (CPU time)",
-               "lightly images/s; ours/lightly", "peak step MiB ours / plain", "|first loss ours - plain|",
-               "loader cores to feed ours"]
+        rows.append(
+            [
+                LABELS[case["method"]],
+                f"{size.label}, {case['views']} view(s)",
+                _fmt_ips(im["ours"]["images_per_s"]),
+                _fmt_ips(im["plain"]["images_per_s"]),
+                f"**{_fmt_ratio(paired)}**",
+                f">= {GOAL_RATIO_PLAIN}: {met}",
+                _fmt_ratio(case["paired_ratio_ours_plain_cpu_time"]),
+                light,
+                mem,
+                f"{case['first_loss_diff_ours_plain']:.1e}",
+                cores,
+            ]
+        )
+    headers = [
+        "method",
+        "size",
+        "ours images/s (IQR)",
+        "plain images/s (IQR)",
+        "ours/plain (IQR)",
+        "goal",
+        "ours/plain (CPU time)",
+        "lightly images/s; ours/lightly",
+        "peak step MiB ours / plain",
+        "|first loss ours - plain|",
+        "loader cores to feed ours",
+    ]
     step_md = markdown_table(headers, rows)
 
     prow = []
     for size, res in data["pipeline"].items():
         for name, r in res["pipelines"].items():
-            prow.append([name, r["methods"], f"{size} px", res["source"], f"{r['decode_ms']:.2f}", f"{r['augment_ms']:.2f}",
-                         f"{r['total_ms']:.2f}", f"{r['items_per_s_per_core']:.0f}", f"{r['augment_only_items_per_s_per_core']:.0f}"])
-    pipe_md = markdown_table(["pipeline", "used by", "size", "images", "decode ms", "augment ms", "total ms/item",
-                              "items/s per core", "items/s per core without decode"], prow)
-    jrow = [[f"{s} px", f"{r['loader_us_per_image']:.0f}", f"{r['loader_jitter_always_us_per_image']:.0f}",
-             f"{r['device_us_per_image']:.1f} (batch {r['device_batch']})",
-             f"{r['loader_us_per_image'] / r['device_us_per_image']:.1f}x", str(r["blur_kernel"]),
-             f"{r['loader_blur_us_per_image']:.0f}", f"{r['device_blur_us_per_image']:.1f}",
-             f"{r['loader_blur_us_per_image'] / r['device_blur_us_per_image']:.1f}x"] for s, r in data["jitter"].items()]
-    jit_md = markdown_table(["size", "colour: loader µs/image (jitter p 0.8 + gray p 0.2)", "loader µs/image (jitter always)",
-                             f"batched on {dev} µs/image", "loader / batched", "blur kernel", "blur: loader µs/image",
-                             f"batched on {dev} µs/image", "loader / batched"], jrow)
+            prow.append(
+                [
+                    name,
+                    r["methods"],
+                    f"{size} px",
+                    res["source"],
+                    f"{r['decode_ms']:.2f}",
+                    f"{r['augment_ms']:.2f}",
+                    f"{r['total_ms']:.2f}",
+                    f"{r['items_per_s_per_core']:.0f}",
+                    f"{r['augment_only_items_per_s_per_core']:.0f}",
+                ]
+            )
+    pipe_md = markdown_table(
+        [
+            "pipeline",
+            "used by",
+            "size",
+            "images",
+            "decode ms",
+            "augment ms",
+            "total ms/item",
+            "items/s per core",
+            "items/s per core without decode",
+        ],
+        prow,
+    )
+    jrow = [
+        [
+            f"{s} px",
+            f"{r['loader_us_per_image']:.0f}",
+            f"{r['loader_jitter_always_us_per_image']:.0f}",
+            f"{r['device_us_per_image']:.1f} (batch {r['device_batch']})",
+            f"{r['loader_us_per_image'] / r['device_us_per_image']:.1f}x",
+            str(r["blur_kernel"]),
+            f"{r['loader_blur_us_per_image']:.0f}",
+            f"{r['device_blur_us_per_image']:.1f}",
+            f"{r['loader_blur_us_per_image'] / r['device_blur_us_per_image']:.1f}x",
+        ]
+        for s, r in data["jitter"].items()
+    ]
+    jit_md = markdown_table(
+        [
+            "size",
+            "colour: loader µs/image (jitter p 0.8 + gray p 0.2)",
+            "loader µs/image (jitter always)",
+            f"batched on {dev} µs/image",
+            "loader / batched",
+            "blur kernel",
+            "blur: loader µs/image",
+            f"batched on {dev} µs/image",
+            "loader / batched",
+        ],
+        jrow,
+    )
     by_size: dict[str, list[int]] = {}
     for c in data["steps"]:
         if "rounds" in c:
@@ -814,8 +955,9 @@ def render(data: dict[str, Any]) -> str:
     plan = "; ".join(k.format(min(v) if min(v) == max(v) else f"{min(v)}-{max(v)}") for k, v in by_size.items()) or "no case ran"
     notes = []
     if data.get("budget_s") is not None:
-        notes.append(f"Time budget {data['budget_s']:.0f} s: cases ran as many timed rounds as fitted, those that did not fit are "
-                     f"marked skipped.")
+        notes.append(
+            f"Time budget {data['budget_s']:.0f} s: cases ran as many timed rounds as fitted, those that did not fit are marked skipped."
+        )
     if data.get("interrupted"):
         notes.append(f"The run was {data['interrupted']}: the rows marked so were not measured.")
     note = ("**" + " ".join(notes) + "**\n\n") if notes else ""
@@ -862,8 +1004,14 @@ def _budget(explicit: float | None, plan: str) -> float | None:
     return DEFAULT_BUDGET_S[plan]
 
 
-def run(quick: bool = False, device: str | None = None, precision: str = "32-true", threads: int | None = None,
-        methods: Sequence[str] | None = None, budget_s: float | None = None) -> tuple[str, dict[str, Any]]:
+def run(
+    quick: bool = False,
+    device: str | None = None,
+    precision: str = "32-true",
+    threads: int | None = None,
+    methods: Sequence[str] | None = None,
+    budget_s: float | None = None,
+) -> tuple[str, dict[str, Any]]:
     """Run the benchmark; return ``(markdown, data)``; full runs write ``results/throughput.{md,json}``.
 
     ``device``: ``cuda`` / ``cpu`` (default: CUDA when available).  The plan: ``quick`` (smoke
@@ -888,15 +1036,30 @@ def run(quick: bool = False, device: str | None = None, precision: str = "32-tru
     # lightly is imported first: it imports pytorch_lightning, which routes Lightning's rank-zero messages to its own logger
     with contextlib.suppress(ImportError):
         import lightly.utils.benchmarking  # noqa: F401
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
-                                              "pytorch_lightning", "pytorch_lightning.utilities.rank_zero", "root")]
+    loggers = [
+        logging.getLogger(n)
+        for n in (
+            "lightning.pytorch",
+            "lightning.fabric",
+            "lightning.pytorch.utilities.rank_zero",
+            "pytorch_lightning",
+            "pytorch_lightning.utilities.rank_zero",
+            "root",
+        )
+    ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
-            for msg in (".*does not have many workers.*", ".*number of training batches.*", ".*Tensor Cores.*", ".*eval mode.*",
-                        ".*no `val_dataloader`.*", ".*LeafSpec.*"):
+            for msg in (
+                ".*does not have many workers.*",
+                ".*number of training batches.*",
+                ".*Tensor Cores.*",
+                ".*eval mode.*",
+                ".*no `val_dataloader`.*",
+                ".*LeafSpec.*",
+            ):
                 warnings.filterwarnings("ignore", msg)
             data = _run(plan, dev, precision, list(methods or METHODS), budget)
     finally:
@@ -906,8 +1069,13 @@ def run(quick: bool = False, device: str | None = None, precision: str = "32-tru
     data["quick"] = quick
     md = render(data)
     if not quick:
-        write_results("throughput", md, data, "python -m benchmarks --only throughput"
-                      + ("" if dev.type == ("cuda" if torch.cuda.is_available() else "cpu") else f" (device {dev.type})"))
+        write_results(
+            "throughput",
+            md,
+            data,
+            "python -m benchmarks --only throughput"
+            + ("" if dev.type == ("cuda" if torch.cuda.is_available() else "cpu") else f" (device {dev.type})"),
+        )
     return md, data
 
 
@@ -940,8 +1108,9 @@ def _run(plan: str, dev: torch.device, precision: str, methods: list[str], budge
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         ratio = case.get("paired_ratio_ours_plain", {}).get("median", math.nan)
-        print(f"  throughput: {method} at {size.label}: {ratio:.3f} ours/plain ({case['seconds']:.0f} s) {case.get('error', '')}",
-              flush=True)
+        print(
+            f"  throughput: {method} at {size.label}: {ratio:.3f} ours/plain ({case['seconds']:.0f} s) {case.get('error', '')}", flush=True
+        )
     chunks, repeats = PIPELINE_PLAN[plan]
     threads = torch.get_num_threads()
     pipeline: dict[str, Any] = {}
@@ -982,8 +1151,11 @@ if __name__ == "__main__":
     parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1 on CPU)")
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="seconds the run may take (default $CLOC_BENCH_BUDGET_S or $CLOC_GPU_BENCH_BUDGET; 180 on CUDA)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds the run may take (default $CLOC_BENCH_BUDGET_S or $CLOC_GPU_BENCH_BUDGET; 180 on CUDA)",
+    )
     args = parser.parse_args()
-    print(run(args.quick, args.device, args.precision, args.threads, args.methods.split(",") if args.methods else None,
-              args.budget)[0])
+    print(run(args.quick, args.device, args.precision, args.threads, args.methods.split(",") if args.methods else None, args.budget)[0])

@@ -13,8 +13,10 @@ __all__ = ["moved"]
 
 def moved(argv: list[str]) -> str:
     """The one line that names the new command for ``argv`` (the arguments after ``python -m benchmarks.experiments``)."""
-    return (f"python -m benchmarks.experiments: the runner moved to its own package; run `{shlex.join(['python', '-m', 'experiments', *argv])}` "
-            "(same arguments; docs/results.md)")
+    return (
+        f"python -m benchmarks.experiments: the runner moved to its own package; run `{shlex.join(['python', '-m', 'experiments', *argv])}` "
+        "(same arguments; docs/results.md)"
+    )
 
 
 if __name__ == "__main__":

@@ -272,5 +272,7 @@ def write_results(name: str, markdown: str, data: dict[str, Any], command: str) 
     md_path = RESULTS_DIR / f"{name}.md"
     md_path.write_text(header + markdown + "\n")
     payload = {"command": command, "environment": env, "results": data}
-    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)))
+    (RESULTS_DIR / f"{name}.json").write_text(
+        json.dumps(payload, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
+    )
     return md_path

@@ -74,13 +74,19 @@ def install_mismatch(exc: BaseException) -> str | None:
             versions[name] = "(not installed)"
     torch_v, vision_v = versions["torch"], versions["torchvision"]
     index = "https://download.pytorch.org/whl/cpu" if torch_v.endswith("+cpu") else None
-    fix = ("pip install --force-reinstall torch torchvision --index-url https://download.pytorch.org/whl/cpu (CPU-only) "
-           "or pip install --force-reinstall torch torchvision (PyPI's builds)")
+    fix = (
+        "pip install --force-reinstall torch torchvision --index-url https://download.pytorch.org/whl/cpu (CPU-only) "
+        "or pip install --force-reinstall torch torchvision (PyPI's builds)"
+    )
     if index is None:
-        fix = ("pip install --force-reinstall torch torchvision (PyPI's builds) or both from the same index, e.g. "
-               "--index-url https://download.pytorch.org/whl/cpu")
-    return (f"torchvision {vision_v} ({_build(vision_v)}) does not fit torch {torch_v} ({_build(torch_v)}): "
-            f"{text.strip().splitlines()[0]}; install a matching pair from one index: {fix}")
+        fix = (
+            "pip install --force-reinstall torch torchvision (PyPI's builds) or both from the same index, e.g. "
+            "--index-url https://download.pytorch.org/whl/cpu"
+        )
+    return (
+        f"torchvision {vision_v} ({_build(vision_v)}) does not fit torch {torch_v} ({_build(torch_v)}): "
+        f"{text.strip().splitlines()[0]}; install a matching pair from one index: {fix}"
+    )
 
 
 if __name__ == "__main__":

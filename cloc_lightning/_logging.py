@@ -23,8 +23,12 @@ from typing import Any, NoReturn, TextIO
 
 __all__ = ["drop_lightning_tips", "debug_requested", "exit_with_error", "print_line"]
 
-_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
-            "pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")
+_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "pytorch_lightning.utilities.rank_zero",
+    "lightning_fabric.utilities.rank_zero",
+)
 
 
 class _DropLightningTips(logging.Filter):

@@ -66,8 +66,6 @@ ENCODER_META_KEY = "cloc_lightning/encoder"
 DEFAULT_ENCODER_PREFIX = "backbone."
 
 
-
-
 class CheckpointMismatchError(ValueError):
     """A checkpoint was written by another module class or encoder architecture than the configured one."""
 
@@ -132,15 +130,14 @@ def checkpoint_mismatch(module_cls: type, module_hparams: Mapping[str, Any], che
     theirs = meta.get("class_path")
     # (the same class re-exported under another module path still matches by name)
     if theirs and theirs not in own_lineage and own_path not in (meta.get("lineage") or [theirs]) and _short(theirs) != _short(own_path):
-        return (
-            f"the checkpoint was written by {_short(theirs)} ({theirs}), but the configured model is "
-            f"{_short(own_path)} ({own_path})"
-        )
+        return f"the checkpoint was written by {_short(theirs)} ({theirs}), but the configured model is {_short(own_path)} ({own_path})"
     own_arch, their_arch = _arch(module_hparams), {k: meta.get(k) for k in _ARCH_KEYS}
     their_arch["cifar_stem"] = bool(their_arch["cifar_stem"])
     their_arch["backbone_kwargs"] = dict(their_arch["backbone_kwargs"] or {})
     if their_arch["backbone"] is not None and own_arch["backbone"] is not None and own_arch != their_arch:
-        diff = ", ".join(f"{k}: checkpoint {their_arch[k]!r} vs configured {own_arch[k]!r}" for k in _ARCH_KEYS if own_arch[k] != their_arch[k])
+        diff = ", ".join(
+            f"{k}: checkpoint {their_arch[k]!r} vs configured {own_arch[k]!r}" for k in _ARCH_KEYS if own_arch[k] != their_arch[k]
+        )
         return f"the checkpoint's encoder differs from the configured one ({diff})"
     # the class count: LightningCLI adopts the checkpoint's hyper-parameters, so a later
     # "model.num_classes=8 but the data has 5" would name the checkpoint's value as the config's
@@ -380,7 +377,7 @@ def encoder_state_dict(checkpoint: dict[str, Any], source: str = "checkpoint") -
         where = f"{owner}.encoder_state_dict()"
     else:
         prefix = meta.get("prefix") or getattr(cls, "encoder_prefix", None) or DEFAULT_ENCODER_PREFIX
-        weights = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        weights = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         where = f"keys {prefix!r}* of {owner}"
         if not weights and not is_lightning:  # a bare encoder state_dict
             weights, where = dict(state), "a plain state_dict"

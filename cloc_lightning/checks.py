@@ -187,9 +187,7 @@ class DeferredChecks:
         else:
             values = torch.cat([flags, firsts, any_local]).tolist()
         k = len(entries)
-        failed = [
-            CheckFailure(e.error, e.message, int(values[k + i])) for i, e in enumerate(entries) if values[i]
-        ]
+        failed = [CheckFailure(e.error, e.message, int(values[k + i])) for i, e in enumerate(entries) if values[i]]
         failed.sort(key=lambda f: f.first_batch)  # stable: record order among equal batches
         return failed, bool(values[-1])
 

@@ -131,7 +131,7 @@ def config_name(name: str) -> str:
     while text.startswith("./"):
         text = text[2:]
     if text.startswith("configs/"):
-        text = text[len("configs/"):]
+        text = text[len("configs/") :]
     for suffix in _SUFFIXES:
         if text.endswith(suffix):
             text = text[: -len(suffix)]
@@ -287,9 +287,11 @@ def configs_main(argv: list[str] | None = None) -> list[ShippedConfig] | str | P
     p_show.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
     p_copy = sub.add_parser("copy", help="write a config to a folder (default: the current one) or a file, to edit it")
     p_copy.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
-    p_copy.add_argument("dest", nargs="?", default=".", help="a folder (the copy is named <group>_<name>.yaml: cloc_demo.yaml) or a file path; default '.'")
+    p_copy.add_argument(
+        "dest", nargs="?", default=".", help="a folder (the copy is named <group>_<name>.yaml: cloc_demo.yaml) or a file path; default '.'"
+    )
     p_copy.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p_path = sub.add_parser("path", help="print the config file's path (for --config \"$(cloc-lightning configs path NAME)\")")
+    p_path = sub.add_parser("path", help='print the config file\'s path (for --config "$(cloc-lightning configs path NAME)")')
     p_path.add_argument("name", help="cloc/demo, cloc/demo.yaml or configs/cloc/demo.yaml")
     args = parser.parse_args(argv)
 

@@ -116,8 +116,11 @@ class DataInfo:
     @property
     def task(self) -> Task:
         """The data module's task, ``'ordinal'`` or ``'nominal'`` (required)."""
-        value = self._require("task", "'ordinal' or 'nominal'", alternative=" (e.g. a class attribute task = 'ordinal') or give "
-                              f"{self.owner} an explicit task instead of auto")
+        value = self._require(
+            "task",
+            "'ordinal' or 'nominal'",
+            alternative=f" (e.g. a class attribute task = 'ordinal') or give {self.owner} an explicit task instead of auto",
+        )
         if value not in get_args(Task):
             raise DataContractError(f"{self.name}.task must be one of {list(get_args(Task))}, got {value!r}")
         task: Task = value

@@ -301,9 +301,7 @@ def probe_checkpoint(
         The probe's numbers plus ``'encoder'`` (where the weights came from), ``'backbone'``,
         ``'split'``, ``'preset'`` and ``'settings'`` (the resolved probe settings).
     """
-    settings = probe_settings(
-        preset, C=C, max_iter=max_iter, normalize=normalize, standardize=standardize, calibrated=calibrated
-    )
+    settings = probe_settings(preset, C=C, max_iter=max_iter, normalize=normalize, standardize=standardize, calibrated=calibrated)
     check_choice("split", split, ProbeSplit)
     enc = load_encoder(ckpt_path, backbone, cifar_stem)
     encoder, _ = build_encoder(enc)
@@ -315,9 +313,14 @@ def probe_checkpoint(
     train_X, train_y = extract_features(encoder, train_loader, device, settings["normalize"])
     test_X, test_y = extract_features(encoder, eval_loader, device, settings["normalize"])
     result: dict[str, Any] = logistic_regression_probe(
-        train_X, train_y, test_X, test_y, C=settings["C"], max_iter=settings["max_iter"],
-        standardize=settings["standardize"], calibrated=settings["calibrated"],
+        train_X,
+        train_y,
+        test_X,
+        test_y,
+        C=settings["C"],
+        max_iter=settings["max_iter"],
+        standardize=settings["standardize"],
+        calibrated=settings["calibrated"],
     )
-    result.update({"encoder": enc.source, "backbone": enc.backbone, "split": split, "preset": preset or "default",
-                   "settings": settings})
+    result.update({"encoder": enc.source, "backbone": enc.backbone, "split": split, "preset": preset or "default", "settings": settings})
     return result

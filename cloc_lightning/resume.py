@@ -359,9 +359,7 @@ def find_last_checkpoint(trainer: Any) -> str | None:
         folders.extend(glob.glob(os.path.join(glob.escape(str(save_dir)), glob.escape(str(name)), "*", "checkpoints")))
     else:
         folders.append(os.path.join(trainer.default_root_dir, "checkpoints"))
-    candidates = [
-        f for d in folders for f in glob.glob(os.path.join(glob.escape(d), "last*.ckpt")) if os.path.isfile(f)
-    ]
+    candidates = [f for d in folders for f in glob.glob(os.path.join(glob.escape(d), "last*.ckpt")) if os.path.isfile(f)]
     return max(candidates, key=os.path.getmtime) if candidates else None
 
 
@@ -375,9 +373,9 @@ def checkpoint_progress(path: str) -> tuple[int, int, bool]:
     epoch, step = int(ckpt.get("epoch") or 0), int(ckpt.get("global_step") or 0)
     try:
         loop = ckpt["loops"]["fit_loop"]
-        finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
-            loop["epoch_progress"]["current"]["processed"]
-        ) > epoch
+        finished = (
+            bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(loop["epoch_progress"]["current"]["processed"]) > epoch
+        )
     except (KeyError, TypeError, ValueError):
         return epoch, step, True  # no loop state: Lightning restarts epoch ``epoch``
     return (epoch + 1, step, False) if finished else (epoch, step, True)

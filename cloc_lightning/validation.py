@@ -64,9 +64,7 @@ def check_choice(name: str, value: Any, allowed: Any, *, hint: str = "") -> Any:
     return value
 
 
-def check_int(
-    name: str, value: Any, minimum: int | None = None, *, maximum: int | None = None, hint: str = "", expect: str = ""
-) -> int:
+def check_int(name: str, value: Any, minimum: int | None = None, *, maximum: int | None = None, hint: str = "", expect: str = "") -> int:
     """``int(value)`` for an integer (``bool`` is refused; a one-element integer tensor is taken) in
     ``[minimum, maximum]``; ``expect`` replaces the "must be ..." wording of every message."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and _is_integer_dtype(value.dtype):

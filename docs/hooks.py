@@ -66,7 +66,10 @@ def _kernel_name() -> str:
     try:
         spec = KernelSpecManager().get_kernel_spec("python3")
         exe = spec.argv[0] if spec.argv else ""
-        same = exe in ("python", "python3", "python{}.{}".format(*sys.version_info[:2])) or Path(exe).resolve() == Path(sys.executable).resolve()
+        same = (
+            exe in ("python", "python3", "python{}.{}".format(*sys.version_info[:2]))
+            or Path(exe).resolve() == Path(sys.executable).resolve()
+        )
     except NoSuchKernel:
         same = False
     if not same:
@@ -118,7 +121,14 @@ def on_files(files: Files, config: Any) -> Files:
     execute = os.environ.get("CLOC_DOCS_EXECUTE", "1") not in ("0", "false", "no")
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         src = _execute(nb) if execute else nb
-        files.append(File(f"notebooks/{nb.name}", src_dir=str(src.parent.parent), dest_dir=config["site_dir"], use_directory_urls=config["use_directory_urls"]))
+        files.append(
+            File(
+                f"notebooks/{nb.name}",
+                src_dir=str(src.parent.parent),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
     for folder, suffixes in SERVED.items():
         for p in sorted((REPO / folder).rglob("*")):
             if p.is_file() and p.suffix in suffixes:

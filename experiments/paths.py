@@ -120,5 +120,3 @@ def repo_relative(path: Path) -> str:
         if (root / ".git").exists() and path.is_relative_to(root):
             return str(path.relative_to(root))
     return str(path)
-
-

@@ -18,8 +18,17 @@ from typing import Any
 from experiments.paths import REPO
 
 #: packages whose versions a result records (``None`` where one is not installed)
-PACKAGES = ("lightning", "open_clip", "pytorch_metric_learning", "timm", "cloc_lightning", "sklearn", "torchmetrics",
-            "jsonargparse", "numpy")
+PACKAGES = (
+    "lightning",
+    "open_clip",
+    "pytorch_metric_learning",
+    "timm",
+    "cloc_lightning",
+    "sklearn",
+    "torchmetrics",
+    "jsonargparse",
+    "numpy",
+)
 #: what a run's own record keeps of it (``code``): the tree and the two versions that decide the numbers
 CODE_KEYS = ("git_commit", "git_dirty", "torch", "lightning")
 #: what the runner and the benchmarks write: changes there are results, not code, and do not make the tree dirty
@@ -35,8 +44,9 @@ def git_state() -> dict[str, Any]:
     """
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip() or None
-        status = subprocess.run(["git", "status", "--porcelain", "--", ".", f":!{RESULTS}"], cwd=REPO,
-                                capture_output=True, text=True, timeout=10).stdout
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", f":!{RESULTS}"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None, "git_uncommitted": None}
     if not commit:

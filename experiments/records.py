@@ -81,8 +81,10 @@ def counted_windows(rec: dict[str, Any], run_dir: Path) -> list[tuple[float, flo
     windows = [(t, t + float(a["wall_s"])) for a in earlier for t in [_utc_seconds(a["started_utc"])]]
     info = run_dir / "attempt.json"
     if not info.is_file():
-        raise FileNotFoundError(f"{run_dir}/paused.json has stop intervals but {info} (the final attempt's start) is missing; "
-                                "give paused.json a plain paused_s instead")
+        raise FileNotFoundError(
+            f"{run_dir}/paused.json has stop intervals but {info} (the final attempt's start) is missing; "
+            "give paused.json a plain paused_s instead"
+        )
     start = float(json.loads(info.read_text())["started"])
     windows.append((start, start + float(rec["wall_s"]) - sum(float(a["wall_s"]) for a in earlier)))
     return windows
@@ -114,8 +116,7 @@ def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[s
     if not isinstance(payload, dict) or not isinstance(payload.get("runs"), list):
         raise ValueError(f"--restore-runs {source}: not a table's JSON (no 'runs' list); pass the {table.name}.json a render wrote")
     if payload.get("table") != table.name:
-        raise ValueError(f"--restore-runs {source} holds the {payload.get('table')!r} table, not {table.name!r}; "
-                         f"pass a {table.name}.json")
+        raise ValueError(f"--restore-runs {source} holds the {payload.get('table')!r} table, not {table.name!r}; pass a {table.name}.json")
     if payload.get("quick"):
         raise ValueError(f"--restore-runs {source} holds --quick smoke-test runs, which are not results; pass a full table's JSON")
     keys = {r.key for r in table.rows}
@@ -132,9 +133,17 @@ def restore_runs(table: Table, source: Path, runs_dir: Path) -> dict[str, list[s
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
         old = relative_record(rec, None, None, table.data_subdir)  # the machine that wrote it: its own run folder and data root
-        restored = {**old, "run_dir": str(run_dir),
-                    "restored_from": old.get("restored_from") or {"file": origin, "sha256": digest, "run_dir": old.get("run_dir"),
-                                                                  "restored_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}}
+        restored = {
+            **old,
+            "run_dir": str(run_dir),
+            "restored_from": old.get("restored_from")
+            or {
+                "file": origin,
+                "sha256": digest,
+                "run_dir": old.get("run_dir"),
+                "restored_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            },
+        }
         (run_dir / "result.json").write_text(json.dumps(relative_record(restored, runs_dir, None, table.data_subdir), indent=2))
         done["restored"].append(name)
     return done

@@ -54,20 +54,33 @@ def _file_info(path: str | None) -> dict[str, Any] | None:
     return {"path": path, "exists": True, "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text}
 
 
-
-def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]], command: str, seeds: list[int],
-                    skipped: dict[str, str], env: dict[str, Any], runs: list[dict[str, Any]], quick: bool,
-                    extra: Sequence[str] = (), curves: str | None = None) -> str:
+def render_markdown(
+    table: Table,
+    rows: list[Row],
+    agg: dict[str, dict[str, Any]],
+    command: str,
+    seeds: list[int],
+    skipped: dict[str, str],
+    env: dict[str, Any],
+    runs: list[dict[str, Any]],
+    quick: bool,
+    extra: Sequence[str] = (),
+    curves: str | None = None,
+) -> str:
     lines = [f"<!-- produced by: {command} -->", "", f"### {table.title}{' (QUICK smoke-test settings, not results)' if quick else ''}", ""]
     lines.append(f"Command: `{command}` — seeds {seeds}; mean ± sample std over the seeds that finished (n).")
     lines.append("")
     lines.append(f"Scale overrides (all rows): `{' '.join(quote(s) for s in (table.quick_scale if quick else table.scale))}`")
     lines.append("")
     if extra:
-        lines.append(f"Extra overrides of this invocation (all rows it ran, after the row overrides): `{' '.join(quote(s) for s in extra)}`")
+        lines.append(
+            f"Extra overrides of this invocation (all rows it ran, after the row overrides): `{' '.join(quote(s) for s in extra)}`"
+        )
         lines.append("")
-    lines.append(f"Every run's exact command line is in `{table.name}.json` (`runs[].commands`; `$RUNS` stands for the run folders' "
-                 "root `--runs-dir`, `$DATA` for `--data-root`, other paths are relative to the repository).")
+    lines.append(
+        f"Every run's exact command line is in `{table.name}.json` (`runs[].commands`; `$RUNS` stands for the run folders' "
+        "root `--runs-dir`, `$DATA` for `--data-root`, other paths are relative to the repository)."
+    )
     lines.append("")
     columns = list(dict.fromkeys(r.column for r in rows))
     for col in columns:
@@ -103,14 +116,20 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
                 b = next((x for x in rows if x.key == key), None)
                 base = key if b is None else b.label + (f" ({b.column})" if b.column != r.column else "")
                 n = max((v["n"] for v in d.values()), default=0)
-                p_body.append([f"{r.label} − {base}"] + [signed(d[m]["values"], fmt) if m in d else "–" for m, _, fmt in test_metrics]
-                              + [str(n)])
+                p_body.append(
+                    [f"{r.label} − {base}"] + [signed(d[m]["values"], fmt) if m in d else "–" for m, _, fmt in test_metrics] + [str(n)]
+                )
             lines += [f"Paired difference, same seed (row − baseline; mean ± sample std over seeds; {col}):", ""]
             lines += [markdown_table(["difference"] + [h for _, h, _ in test_metrics] + ["pairs"], p_body), ""]
     if curves:
-        lines += [f"![learning curves]({curves})", "",
-                  f"Learning curves ({curves}): " + ", ".join(h for _, h in table.curve_metrics)
-                  + " after every epoch, mean over the seeds (line) ± sample std (band), drawn from the runs' own `metrics.csv`.", ""]
+        lines += [
+            f"![learning curves]({curves})",
+            "",
+            f"Learning curves ({curves}): "
+            + ", ".join(h for _, h in table.curve_metrics)
+            + " after every epoch, mean over the seeds (line) ± sample std (band), drawn from the runs' own `metrics.csv`.",
+            "",
+        ]
     lines.append(table.notes)
     lines.append("")
     failed = [x for x in runs if not x.get("ok")]
@@ -128,11 +147,20 @@ def render_markdown(table: Table, rows: list[Row], agg: dict[str, dict[str, Any]
         + (f"runs made with the code at {code_summary(runs)} (each run's `code` in `{table.name}.json`); " if starts else "")
         + f"rendered at `{str(env.get('git_commit'))[:7]}`{' + uncommitted changes' if env.get('git_dirty') else ''}. "
         f"Wall time = fit + test (+ probe) of one run ({_modes(runs)})"
-        + (f"; the time {len(paused)} run(s) spent stopped (SIGSTOP) while another job used the machine, within the time "
-           f"their wall counts, is taken out "
-           f"({', '.join(paused)}; each run's `paused.json`)." if paused else ".")
-        + (" Restored records (`--restore-runs`; runs made on an earlier machine, whose run folders are not here): "
-           + ", ".join(f"{n} run(s) from `{f}`" for f, n in restored.items()) + "." if restored else "")
+        + (
+            f"; the time {len(paused)} run(s) spent stopped (SIGSTOP) while another job used the machine, within the time "
+            f"their wall counts, is taken out "
+            f"({', '.join(paused)}; each run's `paused.json`)."
+            if paused
+            else "."
+        )
+        + (
+            " Restored records (`--restore-runs`; runs made on an earlier machine, whose run folders are not here): "
+            + ", ".join(f"{n} run(s) from `{f}`" for f, n in restored.items())
+            + "."
+            if restored
+            else ""
+        )
     )
     return "\n".join(lines) + "\n"
 
@@ -170,8 +198,11 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
             for r in rows:
                 if r.column != col:
                     continue
-                per_seed = [dict((int(e), v) for e, v in x["curves"].get(metric, [])) for x in runs
-                            if x.get("ok") and x["row"] == r.key and x.get("curves")]
+                per_seed = [
+                    dict((int(e), v) for e, v in x["curves"].get(metric, []))
+                    for x in runs
+                    if x.get("ok") and x["row"] == r.key and x.get("curves")
+                ]
                 per_seed = [c for c in per_seed if c]
                 if not per_seed:
                     continue
@@ -180,7 +211,9 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
                 ax.plot(epochs, mean, marker="o", markersize=3, label=f"{r.label} (n={len(per_seed)})")
                 if len(per_seed) > 1:
                     std = [statistics.stdev([c[e] for c in per_seed]) for e in epochs]
-                    ax.fill_between(epochs, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
+                    ax.fill_between(
+                        epochs, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2
+                    )
             ax.set_xlabel("epoch")
             ax.set_ylabel(header.split(" (")[0])  # the panel's title has the whole header
             ax.set_title(f"{col}: {header}" if len(columns) > 1 else header, fontsize=10)
@@ -195,8 +228,18 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
     return path.name
 
 
-def write_outputs(out: Path, table: Table, rows: list[Row], runs: list[dict[str, Any]], command: str, seeds: list[int],
-                  skipped: dict[str, str], quick: bool, extra: Sequence[str], env: dict[str, Any]) -> Path:
+def write_outputs(
+    out: Path,
+    table: Table,
+    rows: list[Row],
+    runs: list[dict[str, Any]],
+    command: str,
+    seeds: list[int],
+    skipped: dict[str, str],
+    quick: bool,
+    extra: Sequence[str],
+    env: dict[str, Any],
+) -> Path:
     """Write ``<out>/<table>.md`` and ``.json``; return the markdown path."""
     out.mkdir(parents=True, exist_ok=True)
     agg = aggregate(runs)
@@ -215,8 +258,11 @@ def write_outputs(out: Path, table: Table, rows: list[Row], runs: list[dict[str,
         "seeds": seeds,
         "scale_overrides": table.quick_scale if quick else table.scale,
         "extra_overrides": list(extra),
-        "probe": ({"config": _file_info(table.probe_config), "overrides": table.probe_overrides + (table.quick_probe_overrides if quick else [])}
-                  if table.probe_config else None),
+        "probe": (
+            {"config": _file_info(table.probe_config), "overrides": table.probe_overrides + (table.quick_probe_overrides if quick else [])}
+            if table.probe_config
+            else None
+        ),
         "rows": [
             {**{k: v for k, v in asdict(r).items() if k != "config"}, "config": _file_info(r.config), "skipped": skipped.get(r.key)}
             for r in rows

@@ -25,8 +25,18 @@ from experiments.records import complete_record, restore_runs, row_walls
 from experiments.render import quote, write_outputs
 from experiments.tables import ENCODER_CKPT, INIT_WEIGHTS, TABLES, Row, Table, source_file
 
-__all__ = ["PREEMPTED", "IN_PROCESS", "fit_command", "probe_command", "init_weights_path", "write_init_weights",
-           "write_encoder_checkpoint", "write_random_encoder", "run_one", "run_table"]
+__all__ = [
+    "PREEMPTED",
+    "IN_PROCESS",
+    "fit_command",
+    "probe_command",
+    "init_weights_path",
+    "write_init_weights",
+    "write_encoder_checkpoint",
+    "write_random_encoder",
+    "run_one",
+    "run_table",
+]
 
 #: the exit code of a fit stopped by SIGTERM (cloc_lightning's PreemptionCheckpoint wrote a mid-epoch last.ckpt):
 #: the table stops there instead of going on to the next run
@@ -97,8 +107,6 @@ def _run(cmd: list[str], log: Path, timeout: float) -> tuple[int, float]:
     return rc, time.perf_counter() - start
 
 
-
-
 def _tail(path: Path, n: int = 2500) -> str:
     try:
         return path.read_text()[-n:]
@@ -152,17 +160,23 @@ def fit_command(table: Table, row: Row, seed: int, run_dir: Path, data_root: Pat
     if row.kind == "supervised":
         cmd += ["--test_after_fit", "true"]
     cmd += [
-        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-        "--trainer.logger.save_dir", str(run_dir),
-        "--trainer.logger.name", "",
-        "--trainer.logger.version", "",
-        "--trainer.default_root_dir", str(run_dir),
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir",
+        str(run_dir),
+        "--trainer.logger.name",
+        "",
+        "--trainer.logger.version",
+        "",
+        "--trainer.default_root_dir",
+        str(run_dir),
     ]
     return cmd
 
 
-def probe_command(table: Table, ckpt: Path, out_json: Path, data_root: Path, quick: bool, seed: int, backbone: str | None = None,
-                  row: Row | None = None) -> list[str]:
+def probe_command(
+    table: Table, ckpt: Path, out_json: Path, data_root: Path, quick: bool, seed: int, backbone: str | None = None, row: Row | None = None
+) -> list[str]:
     """The ``python -m cloc_lightning probe`` command of one checkpoint."""
     assert table.probe_config is not None
     cmd = [sys.executable, "-m", "cloc_lightning", "probe", "--config", table.probe_config, "--ckpt", str(ckpt)]
@@ -211,17 +225,30 @@ def _prepare_resume(run_dir: Path, last: Path) -> list[dict[str, Any]]:
     k = len(list(run_dir.glob("metrics.part*.csv")))
     if (run_dir / "metrics.csv").is_file():
         (run_dir / "metrics.csv").rename(run_dir / f"metrics.part{k}.csv")
-    attempt = {"started_utc": started_utc, "checkpoint_epoch": int(ckpt.get("epoch", -1)),
-               "checkpoint_step": int(ckpt.get("global_step", -1)),
-               # the work after the checkpoint is lost and done again, so it does not count
-               "wall_s": max(0.0, last.stat().st_mtime - started)}
+    attempt = {
+        "started_utc": started_utc,
+        "checkpoint_epoch": int(ckpt.get("epoch", -1)),
+        "checkpoint_step": int(ckpt.get("global_step", -1)),
+        # the work after the checkpoint is lost and done again, so it does not count
+        "wall_s": max(0.0, last.stat().st_mtime - started),
+    }
     if "code" in info:
         attempt["code"] = info["code"]  # what the interrupted attempt ran (the record's "code" is the final attempt's)
     return [*earlier, attempt]
 
 
-def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, quick: bool, extra: Sequence[str],
-            timeout: float, keep_checkpoints: bool, resume: bool = True) -> dict[str, Any]:
+def run_one(
+    table: Table,
+    row: Row,
+    seed: int,
+    run_dir: Path,
+    data_root: Path,
+    quick: bool,
+    extra: Sequence[str],
+    timeout: float,
+    keep_checkpoints: bool,
+    resume: bool = True,
+) -> dict[str, Any]:
     """Run one (row, seed); return its record (also written to ``run_dir/result.json``).
 
     A run folder left by an interrupted attempt (a ``checkpoints/last.ckpt`` and no finished
@@ -238,19 +265,37 @@ def run_one(table: Table, row: Row, seed: int, run_dir: Path, data_root: Path, q
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
     log = run_dir / "output.log"
-    record: dict[str, Any] = {"row": row.key, "seed": seed, "run_dir": str(run_dir), "commands": [], "metrics": {}, "ok": False,
-                              "mode": "in-process" if IN_PROCESS else "subprocess", "code": _code_state(),
-                              "started_utc": resumed[0]["started_utc"] if resumed else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    record: dict[str, Any] = {
+        "row": row.key,
+        "seed": seed,
+        "run_dir": str(run_dir),
+        "commands": [],
+        "metrics": {},
+        "ok": False,
+        "mode": "in-process" if IN_PROCESS else "subprocess",
+        "code": _code_state(),
+        "started_utc": resumed[0]["started_utc"] if resumed else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
     if resumed:
         record["resumed"] = resumed
-    (run_dir / "attempt.json").write_text(json.dumps({"started": time.time(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                                                      "earlier": resumed, "code": record["code"]}))
+    (run_dir / "attempt.json").write_text(
+        json.dumps(
+            {
+                "started": time.time(),
+                "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                "earlier": resumed,
+                "code": record["code"],
+            }
+        )
+    )
     start = time.perf_counter()
     try:
         source = init_weights_path(run_dir, row, seed) if row.init_from is not None else None
         if source is not None and not source.is_file():
-            raise RuntimeError(f"row {row.key} starts from row {row.init_from}'s weights, but {source} does not exist: "
-                               f"run --rows {row.init_from} --seeds {seed} first (same --runs-dir)")
+            raise RuntimeError(
+                f"row {row.key} starts from row {row.init_from}'s weights, but {source} does not exist: "
+                f"run --rows {row.init_from} --seeds {seed} first (same --runs-dir)"
+            )
         if row.kind in ("supervised", "pretrain", "encoder"):
             cmd = fit_command(table, row, seed, run_dir, data_root, quick, extra)
             if resumed:
@@ -320,7 +365,6 @@ def _cached(table: Table, rec: dict[str, Any], run_dir: Path, runs_dir: Path, da
     return relative_record(complete_record(table, rec, run_dir), runs_dir, data_root, table.data_subdir)
 
 
-
 def _parse_deadline(value: str | None) -> float | None:
     """``HH:MM`` (UTC, today) or a full ISO time -> epoch seconds."""
     if not value:
@@ -335,11 +379,22 @@ def _parse_deadline(value: str | None) -> float | None:
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
-
-def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = DEFAULT_OUT, runs_dir: Path | None = None,
-              rows: Sequence[str] | None = None, data_root: Path = DEFAULT_DATA, extra: Sequence[str] = (), rerun: bool = False,
-              timeout: float = 1800, keep_checkpoints: bool = False, command: str | None = None,
-              deadline: str | None = None, restore: Path | None = None) -> dict[str, Any]:
+def run_table(
+    name: str,
+    seeds: Sequence[int],
+    quick: bool = False,
+    out: Path = DEFAULT_OUT,
+    runs_dir: Path | None = None,
+    rows: Sequence[str] | None = None,
+    data_root: Path = DEFAULT_DATA,
+    extra: Sequence[str] = (),
+    rerun: bool = False,
+    timeout: float = 1800,
+    keep_checkpoints: bool = False,
+    command: str | None = None,
+    deadline: str | None = None,
+    restore: Path | None = None,
+) -> dict[str, Any]:
     """Run (or resume) a table; write its markdown/JSON after every run; return the JSON payload.
 
     Rows not selected with ``rows`` still appear in the output with the finished runs
@@ -364,8 +419,11 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
     runs_dir = runs_dir or (REPO / "runs" / "experiments" / (name + ("_quick" if quick else "")))
     if restore is not None:
         done = restore_runs(table, restore, runs_dir)
-        print(f"[experiments] restored from {restore}: {len(done['restored'])} run(s)"
-              + (f"; kept {len(done['kept'])} already in {runs_dir}" if done["kept"] else ""), flush=True)
+        print(
+            f"[experiments] restored from {restore}: {len(done['restored'])} run(s)"
+            + (f"; kept {len(done['kept'])} already in {runs_dir}" if done["kept"] else ""),
+            flush=True,
+        )
     command = command or "python -m experiments " + " ".join(quote(a) for a in sys.argv[1:])
     env = provenance(command)
     skipped: dict[str, str] = {}
@@ -402,8 +460,11 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
                 same = row_walls(runs, runs_dir, r.key)
                 expected = statistics.fmean(same) if same else 60.0
                 if left < expected:
-                    print(f"[experiments] {name}/{r.key} seed {seed}: not started: {left:.0f} s to the deadline {deadline}, "
-                          f"a run takes ~{expected:.0f} s", flush=True)
+                    print(
+                        f"[experiments] {name}/{r.key} seed {seed}: not started: {left:.0f} s to the deadline {deadline}, "
+                        f"a run takes ~{expected:.0f} s",
+                        flush=True,
+                    )
                     continue
                 limit = min(timeout, left)
             print(f"[experiments] {name}/{r.key} seed {seed}: running ...", flush=True)
@@ -414,11 +475,13 @@ def run_table(name: str, seeds: Sequence[int], quick: bool = False, out: Path = 
             print(f"[experiments] {name}/{r.key} seed {seed}: {status} in {rec['wall_s']:.0f} s {shown}", flush=True)
             write_outputs(out, table, shown_rows, runs, command, list(seeds), skipped, quick, extra, env)
             if rec.get("preempted"):
-                print(f"[experiments] stopped: {name}/{r.key} seed {seed} was preempted (SIGTERM); run the same command "
-                      "again to resume it from its last.ckpt", flush=True)
+                print(
+                    f"[experiments] stopped: {name}/{r.key} seed {seed} was preempted (SIGTERM); run the same command "
+                    "again to resume it from its last.ckpt",
+                    flush=True,
+                )
                 raise SystemExit(PREEMPTED)
     md = write_outputs(out, table, shown_rows, runs, command, list(seeds), skipped, quick, extra, env)
     print(md.read_text())
     payload: dict[str, Any] = json.loads((out / f"{table.name}.json").read_text())
     return payload
-

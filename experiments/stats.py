@@ -41,8 +41,13 @@ def paired_differences(runs: Iterable[dict[str, Any]], row: str, baseline: str, 
         pairs = [(s, by_seed[row][s][m] - by_seed[baseline][s][m]) for s in seeds if m in by_seed[row][s] and m in by_seed[baseline][s]]
         vals = [d for _, d in pairs]
         if vals:
-            out[m] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else float("nan"),
-                      "n": len(vals), "values": vals, "seeds": [s for s, _ in pairs]}
+            out[m] = {
+                "mean": statistics.fmean(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else float("nan"),
+                "n": len(vals),
+                "values": vals,
+                "seeds": [s for s, _ in pairs],
+            }
     return out
 
 

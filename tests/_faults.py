@@ -60,8 +60,7 @@ class SignalAtStep(Callback):
         self.rank = rank
         self.sent = False
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.step and trainer.global_rank == self.rank and not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)

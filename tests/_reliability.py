@@ -56,16 +56,19 @@ TINY_CLIP = {
 }
 
 
-
 # =============================================================================================
 # helpers and independent references
 # =============================================================================================
-def _shapes(
-    num_classes: int = 4, views: int | ViewTransform | None = None, image_size: int = 32, **kw: Any
-) -> OrdinalShapesDataModule:
+def _shapes(num_classes: int = 4, views: int | ViewTransform | None = None, image_size: int = 32, **kw: Any) -> OrdinalShapesDataModule:
     args: dict[str, Any] = dict(
-        num_classes=num_classes, train_size=32, val_size=8, test_size=8, batch_size=8, num_workers=0,
-        image_size=image_size, augment="none",
+        num_classes=num_classes,
+        train_size=32,
+        val_size=8,
+        test_size=8,
+        batch_size=8,
+        num_workers=0,
+        image_size=image_size,
+        augment="none",
     )
     if views:
         args["train_views"] = SupConViews(n_views=views) if isinstance(views, int) else views
@@ -74,7 +77,11 @@ def _shapes(
 
 
 _trainer = partial(
-    cpu_trainer, max_epochs=1, enable_checkpointing=False, limit_train_batches=3, limit_val_batches=1,
+    cpu_trainer,
+    max_epochs=1,
+    enable_checkpointing=False,
+    limit_train_batches=3,
+    limit_val_batches=1,
     num_sanity_val_steps=0,
 )
 
@@ -89,8 +96,14 @@ def _fit(model: L.LightningModule, dm: L.LightningDataModule, tmp_path: Path, **
 
 #: ReLIC, small: 2 global + 1 local view, a 32-16 projector, gamma schedule, no kNN monitor
 RELIC_ARGS: dict[str, Any] = dict(
-    num_global_views=2, num_local_views=1, projector_hidden_dim=32, projector_dim=16, use_gamma_scaling=True,
-    gamma_scaling_steps=6, knn_k=0, lr=1e-3,
+    num_global_views=2,
+    num_local_views=1,
+    projector_hidden_dim=32,
+    projector_dim=16,
+    use_gamma_scaling=True,
+    gamma_scaling_steps=6,
+    knn_k=0,
+    lr=1e-3,
 )
 
 
@@ -105,16 +118,18 @@ MODULES: dict[str, tuple[Callable[..., L.LightningModule], Any, int]] = {
     "CEModule": (lambda n=4, **kw: CEModule(num_classes=n, **SMALL, **kw), None, 32),
     "CLOCModule": (lambda n=4, **kw: CLOCModule(num_classes=n, **SMALL, **kw), None, 32),
     "SupConModule-supcon": (
-        lambda n=4, **kw: SupConModule(method="supcon", temperature=0.05, num_classes=n, task="ordinal", **SMALL, **kw), 2, 32
+        lambda n=4, **kw: SupConModule(method="supcon", temperature=0.05, num_classes=n, task="ordinal", **SMALL, **kw),
+        2,
+        32,
     ),
     "SupConModule-simclr": (
-        lambda n=4, **kw: SupConModule(method="simclr", temperature=0.05, num_classes=n, task="ordinal", **SMALL, **kw), 2, 32
+        lambda n=4, **kw: SupConModule(method="simclr", temperature=0.05, num_classes=n, task="ordinal", **SMALL, **kw),
+        2,
+        32,
     ),
     "LinearProbeModule": (lambda n=4, **kw: LinearProbeModule(num_classes=n, encoder_ckpt=str(FIXTURE_CKPT), **kw), None, 32),
     "OrdinalCLIPModule": (
-        lambda n=4, **kw: OrdinalCLIPModule(
-            num_classes=n, clip_model="ViT-S-32-alt", clip_config=TINY_CLIP, num_context_tokens=4, **kw
-        ),
+        lambda n=4, **kw: OrdinalCLIPModule(num_classes=n, clip_model="ViT-S-32-alt", clip_config=TINY_CLIP, num_context_tokens=4, **kw),
         None,
         16,
     ),
@@ -130,7 +145,6 @@ def _make(name: str, n: int = 4, **kw: Any) -> tuple[L.LightningModule, OrdinalS
     build, views, size = MODULES[name]
     torch.manual_seed(0)
     return build(n, **kw), _shapes(4, views=_relic_views() if views == "relic" else views, image_size=size)
-
 
 
 def _jpeg(path: Path, seed: int = 0, size: int = 20) -> None:
@@ -151,16 +165,16 @@ def _all_finite(module: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
 
-
 def _tiny_cli_config(model_args: dict[str, Any]) -> dict[str, Any]:
     """A CLOC config that finishes in seconds should it (wrongly) train."""
     return {
         "model": {"class_path": "cloc_lightning.methods.CLOCModule", "init_args": {"num_classes": 4, **SMALL, **model_args}},
-        "data": {"class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-            "num_classes": 4, "train_size": 16, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0}},
+        "data": {
+            "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+            "init_args": {"num_classes": 4, "train_size": 16, "val_size": 8, "test_size": 8, "batch_size": 8, "num_workers": 0},
+        },
         "trainer": {"fast_dev_run": True, "logger": False, "enable_progress_bar": False},
     }
-
 
 
 # =============================================================================================
@@ -172,19 +186,29 @@ RESUME_SETUPS: dict[str, dict[str, Any]] = {
     "cloc": {
         "max_epochs": 3,
         "callbacks": [{"class_path": "cloc_lightning.callbacks.CLOCMarginFreeze", "init_args": {"freeze_at_epoch": 1}}],
-        "model": {"class_path": "cloc_lightning.methods.CLOCModule",
-                  "init_args": {"num_classes": 4, **SMALL, "margin_lr": 0.05, "lr": 0.003}},
+        "model": {
+            "class_path": "cloc_lightning.methods.CLOCModule",
+            "init_args": {"num_classes": 4, **SMALL, "margin_lr": 0.05, "lr": 0.003},
+        },
         "data": {"augment": "crop_flip"},
     },
     # ReLIC: 2 epochs, EMA target from step 2 on (cosine beta), gamma decaying over 6 steps, cosine LR, multi-crop
     "relic": {
         "max_epochs": 2,
         "callbacks": [],
-        "model": {"class_path": "cloc_lightning.methods.ReLICModule",
-                  "init_args": {"num_classes": 4, "task": "ordinal", **RELIC_ARGS, **SMALL, "scheduler": "cosine"}},
-        "data": {"train_size": 32, "val_size": 8, "batch_size": 8, "train_views": {
-            "class_path": "cloc_lightning.data.MultiCropViews",
-            "init_args": {"num_global_views": 2, "num_local_views": 1, "local_size": 24}}},
+        "model": {
+            "class_path": "cloc_lightning.methods.ReLICModule",
+            "init_args": {"num_classes": 4, "task": "ordinal", **RELIC_ARGS, **SMALL, "scheduler": "cosine"},
+        },
+        "data": {
+            "train_size": 32,
+            "val_size": 8,
+            "batch_size": 8,
+            "train_views": {
+                "class_path": "cloc_lightning.data.MultiCropViews",
+                "init_args": {"num_global_views": 2, "num_local_views": 1, "local_size": 24},
+            },
+        },
     },
 }
 
@@ -195,21 +219,33 @@ def _cli_config(tmp_path: Path, name: str, extra_callbacks: list[dict] | None = 
     cfg = {
         "seed_everything": 0,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_epochs": spec["max_epochs"], "deterministic": True,
-            "log_every_n_steps": 1, "enable_progress_bar": False, "enable_model_summary": False,
-            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                       "init_args": {"save_dir": "runs", "name": name}},
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_epochs": spec["max_epochs"],
+            "deterministic": True,
+            "log_every_n_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": "runs", "name": name}},
             "callbacks": [
                 *spec["callbacks"],
-                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                 "init_args": {"every_n_train_steps": 1, "save_last": True}},
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"every_n_train_steps": 1, "save_last": True}},
                 *(extra_callbacks or []),
             ],
         },
         "model": spec["model"],
-        "data": {"class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-            "num_classes": 4, "train_size": 64, "val_size": 16, "test_size": 16, "batch_size": 16,
-            "num_workers": 0, **spec["data"]}},
+        "data": {
+            "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+            "init_args": {
+                "num_classes": 4,
+                "train_size": 64,
+                "val_size": 16,
+                "test_size": 16,
+                "batch_size": 16,
+                "num_workers": 0,
+                **spec["data"],
+            },
+        },
     }
     path = tmp_path / f"{name}_{len(extra_callbacks or [])}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -219,8 +255,9 @@ def _cli_config(tmp_path: Path, name: str, extra_callbacks: list[dict] | None = 
 def _fit_killed_at(tmp_path: Path, name: str, step: int, resume: bool, setup: str = "cloc") -> str:
     """Start a CLI fit, SIGKILL it at the start of training step ``step``; return its output."""
     marker = tmp_path / f"paused_at_{step}"
-    cfg = _cli_config(tmp_path, name, [{"class_path": "tests._faults.PauseAtStep",
-                                        "init_args": {"step": step, "marker": str(marker)}}], setup)
+    cfg = _cli_config(
+        tmp_path, name, [{"class_path": "tests._faults.PauseAtStep", "init_args": {"step": step, "marker": str(marker)}}], setup
+    )
     args = [sys.executable, "-m", "cloc_lightning", "fit", "--config", str(cfg)] + (["--ckpt_path", "last"] if resume else [])
     with open(tmp_path / f"killed_at_{step}.log", "w+") as log:
         proc = subprocess.Popen(args, cwd=tmp_path, env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -264,7 +301,10 @@ def assert_same(a: Any, b: Any, where: str = "checkpoint") -> None:
 
 
 def fit_stopped_and_resumed(
-    tmp_path: Path, build: Callable[[], tuple[L.LightningModule, L.LightningDataModule]], stop_at_step: int = 3, max_epochs: int = 2,
+    tmp_path: Path,
+    build: Callable[[], tuple[L.LightningModule, L.LightningDataModule]],
+    stop_at_step: int = 3,
+    max_epochs: int = 2,
     callbacks: Callable[[], list[L.Callback]] = list,
 ) -> tuple[L.LightningModule, L.LightningModule]:
     """``(uninterrupted, resumed)``: one fit of ``build()``, and one stopped at ``stop_at_step`` and resumed from its ``last.ckpt``.
@@ -287,12 +327,18 @@ def fit_stopped_and_resumed(
     def run(folder: str, ckpt: str | None = None, stop: bool = False) -> tuple[L.LightningModule, L.Trainer]:
         L.seed_everything(0, verbose=False)
         model, dm = build()
-        used: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True),
-                                  *callbacks()]
+        used: list[L.Callback] = [ModelCheckpoint(dirpath=str(tmp_path / folder), every_n_train_steps=1, save_last=True), *callbacks()]
         if stop:
             used.append(Stop())
-        trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=None, limit_val_batches=0, callbacks=used,
-                           enable_checkpointing=True, deterministic=True)
+        trainer = _trainer(
+            tmp_path,
+            max_epochs=max_epochs,
+            limit_train_batches=None,
+            limit_val_batches=0,
+            callbacks=used,
+            enable_checkpointing=True,
+            deterministic=True,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with contextlib.suppress(Killed):

@@ -110,7 +110,9 @@ class SyncCounter(Callback):
                 def wrapper(*args: Any, **kwargs: Any) -> Any:
                     self._record(kind)
                     return original(*args, **kwargs)
+
                 return wrapper
+
             return make
 
         for name in _VALUE_READS:
@@ -127,6 +129,7 @@ class SyncCounter(Callback):
                 if isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu" and t.device.type != "cpu":
                     self._record("Tensor.to(cpu)")
                 return original(t, *args, **kwargs)
+
             return to
 
         patch(torch.Tensor, "to", make_to)
@@ -136,6 +139,7 @@ class SyncCounter(Callback):
                 if len(args) + len(kwargs) == 1:
                     self._record("torch.where(cond)")
                 return original(*args, **kwargs)
+
             return where
 
         patch(torch, "where", make_where)
@@ -149,6 +153,7 @@ class SyncCounter(Callback):
                 if has_bool_index(index):
                     self._record("boolean-mask indexing")
                 return original(t, index)
+
             return getitem
 
         def make_setitem(original: Any) -> Any:
@@ -156,6 +161,7 @@ class SyncCounter(Callback):
                 if has_bool_index(index):
                     self._record("boolean-mask assignment")
                 return original(t, index, value)
+
             return setitem
 
         patch(torch.Tensor, "__getitem__", make_getitem)
@@ -167,7 +173,9 @@ class SyncCounter(Callback):
                     if isinstance(data, numbers.Number) and not isinstance(data, bool):
                         self._record(kind)
                     return original(data, *args, **kwargs)
+
                 return copy
+
             return make
 
         patch(torch, "tensor", make_scalar_copy("torch.tensor(number): host-to-device copy"))
@@ -189,5 +197,4 @@ class SyncCounter(Callback):
         return {b: [e for e in self.events.get(b, []) if library is None or e.library == library] for b in batches}
 
     def summary(self, batches: list[int], library: bool | None = True) -> Counter[str]:
-        return Counter(f"{e.kind} at {e.where}" for b in batches for e in self.events.get(b, [])
-                       if library is None or e.library == library)
+        return Counter(f"{e.kind} at {e.where}" for b in batches for e in self.events.get(b, []) if library is None or e.library == library)

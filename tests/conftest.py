@@ -50,7 +50,11 @@ def cli_env() -> dict[str, str]:
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python -m cloc_lightning <args>`` in a subprocess; fail with its output on error."""
     proc = subprocess.run(
-        [sys.executable, "-m", "cloc_lightning", *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+        [sys.executable, "-m", "cloc_lightning", *args],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
     if check and proc.returncode != 0:
@@ -62,17 +66,28 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, check: bool = True
 def tiny_shapes_args() -> list[str]:
     """CLI arguments for a tiny built-in dataset run."""
     return [
-        "--data", "OrdinalShapesDataModule",
-        "--data.num_classes", "4",
-        "--data.train_size", "64",
-        "--data.val_size", "32",
-        "--data.test_size", "32",
-        "--data.batch_size", "16",
-        "--data.num_workers", "0",
-        "--trainer.max_epochs", "1",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false",
-        "--trainer.logger.init_args.save_dir", "runs",
+        "--data",
+        "OrdinalShapesDataModule",
+        "--data.num_classes",
+        "4",
+        "--data.train_size",
+        "64",
+        "--data.val_size",
+        "32",
+        "--data.test_size",
+        "32",
+        "--data.batch_size",
+        "16",
+        "--data.num_workers",
+        "0",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        "runs",
     ]
 
 
@@ -80,9 +95,7 @@ def tiny_shapes_args() -> list[str]:
 # in-process training: the trainer and the data the module tests share
 # ---------------------------------------------------------------------------------------------------
 #: the flags every in-process test trainer shares: one CPU process, nothing printed, no logger
-QUIET_CPU: dict[str, Any] = dict(
-    accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
-)
+QUIET_CPU: dict[str, Any] = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
 
 
 def cpu_trainer(root: Path | str | None = None, **flags: Any) -> L.Trainer:
@@ -130,6 +143,8 @@ def one_thread() -> Iterator[None]:
     OpenMP thread spin-waiting on a shared 2-core machine (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
     with torch_threads(1):
         yield
+
+
 def linked_model_args(cfg: dict[str, Any]) -> dict[str, Any]:
     """A config's ``model.init_args`` as the command line passes them to the model: with the data module's ``num_classes``.
 
@@ -190,5 +205,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """``CLOC_TEST_BUDGET_S``: a test not started within the budget is skipped, with the reason in the summary."""
     spent = time.monotonic() - _SESSION_START
     if TEST_BUDGET_S and spent > TEST_BUDGET_S:
-        pytest.skip(f"not started: CI's time budget for this run (CLOC_TEST_BUDGET_S={TEST_BUDGET_S:.0f} s) was spent after "
-                    f"{spent:.0f} s; run it with pytest -m slow on a machine without the limit")
+        pytest.skip(
+            f"not started: CI's time budget for this run (CLOC_TEST_BUDGET_S={TEST_BUDGET_S:.0f} s) was spent after "
+            f"{spent:.0f} s; run it with pytest -m slow on a machine without the limit"
+        )

@@ -57,12 +57,38 @@ _cli = cli_in_process
 
 def _tiny_cli(tmp_path: Path, num_classes: int) -> list[str]:
     return [
-        "--model", "CLOCModule", "--model.num_classes", str(num_classes), "--model.backbone", TINY_BACKBONE,
-        "--data", "OrdinalShapesDataModule", "--data.num_classes", str(num_classes), "--data.image_size", "16",
-        "--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8",
-        "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+        "--model",
+        "CLOCModule",
+        "--model.num_classes",
+        str(num_classes),
+        "--model.backbone",
+        TINY_BACKBONE,
+        "--data",
+        "OrdinalShapesDataModule",
+        "--data.num_classes",
+        str(num_classes),
+        "--data.image_size",
+        "16",
+        "--data.train_size",
+        "16",
+        "--data.val_size",
+        "8",
+        "--data.test_size",
+        "8",
+        "--data.batch_size",
+        "8",
+        "--data.num_workers",
+        "0",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_train_batches",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
     ]
 
 
@@ -78,8 +104,9 @@ def test_init_from_a_margins_yaml_is_one_line_naming_the_file_kind(tmp_path: Pat
     code, out, err = _cli(["fit", *_tiny_cli(tmp_path, 4), "--model.init_from", str(margins)], capsys)
     assert code == 1
     lines = [line for line in err.splitlines() if line.strip() and "Warning" not in line and not line.startswith(" ")]
-    assert lines[-2].startswith(f"cloc-lightning: error: cannot read '{margins}' as a PyTorch checkpoint: it is a YAML "
-                                "file of CLOC margins"), err[-2000:]
+    assert lines[-2].startswith(
+        f"cloc-lightning: error: cannot read '{margins}' as a PyTorch checkpoint: it is a YAML file of CLOC margins"
+    ), err[-2000:]
     assert "init_from takes a .ckpt file" in lines[-2] and "--model.learnable_map" in lines[-2]
     assert "Traceback" not in err and "Epoch" not in out
     # the Python API says the same, and a text file that is no YAML mapping is named as what it is
@@ -162,14 +189,20 @@ def test_checkpoint_map_location_and_strict_loading(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fixture_generator_regenerates_a_small_loadable_checkpoint(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(FIXTURES / "make_fixtures.py"), "--out", str(tmp_path)],
-                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(FIXTURES / "make_fixtures.py"), "--out", str(tmp_path)],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = tmp_path / FIXTURE_CKPT.name
     assert ckpt.stat().st_size < 500 * 1024 and sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [FIXTURE_CKPT.name, FIXTURE_OUTPUTS.name])
+        [FIXTURE_CKPT.name, FIXTURE_OUTPUTS.name]
+    )
     model = CLOCModule.load_from_checkpoint(str(ckpt), map_location="cpu", strict=True, weights_only=False).eval()
     outputs = torch.load(tmp_path / FIXTURE_OUTPUTS.name, weights_only=False)
     with torch.no_grad():
         torch.testing.assert_close(model(outputs["images"]), outputs["logits"])
-

@@ -60,9 +60,12 @@ def test_optional_fields_are_none_on_an_object_without_them() -> None:
 
 
 def test_a_missing_required_field_names_the_data_module_and_the_fix() -> None:
-    with pytest.raises(DataContractError, match=r"CEModule needs the data module's num_classes \(.*\), but _PlainData has no "
-                                                r"attribute 'num_classes'; give _PlainData a 'num_classes' attribute or property.*"
-                                                r"subclass cloc_lightning.data.BaseDataModule"):
+    with pytest.raises(
+        DataContractError,
+        match=r"CEModule needs the data module's num_classes \(.*\), but _PlainData has no "
+        r"attribute 'num_classes'; give _PlainData a 'num_classes' attribute or property.*"
+        r"subclass cloc_lightning.data.BaseDataModule",
+    ):
         _ = DataInfo(_PlainData(), owner="CEModule").num_classes
     with pytest.raises(DataContractError, match=r"needs the data module's task .* or give CEModule an explicit task instead of auto"):
         _ = DataInfo(_PlainData(), owner="CEModule").task
@@ -102,6 +105,7 @@ def test_no_trainer_or_no_data_module_is_none(tmp_path: Path) -> None:
 
 def test_a_model_on_a_data_module_without_the_fields_stops_naming_the_fix(tmp_path: Path) -> None:
     """Before: the class count was not checked and ``task: auto`` silently meant ordinal (the online probe: nominal)."""
+
     class _CountOnly(_PlainData):
         num_classes = 3
 
@@ -139,8 +143,12 @@ def test_check_num_classes_names_both_counts_the_class_names_and_the_fix() -> No
         info.check_num_classes(5, fix="give the model num_classes {n}, not {given}")
     assert str(raised.value) == f"model.num_classes=5 but OrdinalShapesDataModule has 4 classes{shown}; give the model num_classes 4, not 5"
     with pytest.raises(ValueError) as raised:
-        info.check_num_classes(8, fix="evaluate it on data with {given} classes", subject="--ckpt_path a.ckpt: the checkpoint was trained with num_classes=8,")
-    assert str(raised.value).startswith("--ckpt_path a.ckpt: the checkpoint was trained with num_classes=8, but OrdinalShapesDataModule has 4 classes")
+        info.check_num_classes(
+            8, fix="evaluate it on data with {given} classes", subject="--ckpt_path a.ckpt: the checkpoint was trained with num_classes=8,"
+        )
+    assert str(raised.value).startswith(
+        "--ckpt_path a.ckpt: the checkpoint was trained with num_classes=8, but OrdinalShapesDataModule has 4 classes"
+    )
     assert "\n" not in str(raised.value)
 
 

@@ -28,4 +28,3 @@ def test_pretrained_weights_unavailable_offline(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(PretrainedUnavailableError, match="HF_HUB_OFFLINE"):
         load_clip("RN50", "openai")
     assert time.perf_counter() - t0 < 20  # fails fast: no minute of hub retries
-

@@ -374,11 +374,17 @@ def test_the_experiment_runner_is_layered_and_stands_alone() -> None:
     ]
     assert not up, "experiments/ imports that point up (see EXPERIMENT_LAYERS):\n" + "\n".join(up)
     assert not import_cycles(graph), import_cycles(graph)
-    foreign = sorted(f"{p.relative_to(REPO)} imports {top}" for p in _module_files(REPO, "experiments").values()
-                     for top in _imported_tops(p) & {"benchmarks", "tests"})
+    foreign = sorted(
+        f"{p.relative_to(REPO)} imports {top}"
+        for p in _module_files(REPO, "experiments").values()
+        for top in _imported_tops(p) & {"benchmarks", "tests"}
+    )
     assert not foreign, "the runner imports the benchmarks or the tests:\n" + "\n".join(foreign)
-    tooling = sorted(f"{p.relative_to(REPO)} imports {top}" for p in _module_files(REPO).values()
-                     for top in _imported_tops(p) & {"experiments", "benchmarks", "tests"})
+    tooling = sorted(
+        f"{p.relative_to(REPO)} imports {top}"
+        for p in _module_files(REPO).values()
+        for top in _imported_tops(p) & {"experiments", "benchmarks", "tests"}
+    )
     assert not tooling, "the library imports the repository's tooling:\n" + "\n".join(tooling)
 
 
@@ -390,8 +396,9 @@ def test_no_private_lightning_name_is_imported() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning"):
                 dotted = [*(node.module or "").split("."), *(a.name for a in node.names)]
             elif isinstance(node, ast.Import):
-                dotted = [part for a in node.names if a.name.split(".")[0] in ("lightning", "pytorch_lightning")
-                          for part in a.name.split(".")]
+                dotted = [
+                    part for a in node.names if a.name.split(".")[0] in ("lightning", "pytorch_lightning") for part in a.name.split(".")
+                ]
             else:
                 continue
             if any(part.startswith("_") for part in dotted):

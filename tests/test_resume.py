@@ -58,8 +58,11 @@ def test_cli_fit_killed_and_resumed_equals_an_uninterrupted_run(tmp_path: Path) 
     assert_same(resumed["lr_schedulers"], reference["lr_schedulers"], "lr_schedulers")
     assert_same(resumed["cloc"], reference["cloc"], "cloc")
     assert_same(resumed["callbacks"]["CLOCMarginFreeze"], reference["callbacks"]["CLOCMarginFreeze"], "freeze")
-    assert_same(resumed["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"],
-                reference["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"], "batch_progress")
+    assert_same(
+        resumed["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"],
+        reference["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"],
+        "batch_progress",
+    )
     assert (resumed["global_step"], resumed["epoch"]) == (reference["global_step"], reference["epoch"])
     # the frozen margins keep their group (issue 41 item 6; it was removed at the freeze before)
     assert [g["name"] for g in resumed["optimizer_states"][0]["param_groups"]] == ["model", "margins"]
@@ -74,8 +77,7 @@ def test_cli_relic_fit_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(
     reference = torch.load(_last_ckpt(tmp_path / "runs" / "reference"), map_location="cpu", weights_only=False)
     assert reference["global_step"] == 8
     _fit_killed_at(tmp_path, "chain", 5, resume=True, setup="relic")
-    final = run_cli(["fit", "--config", str(_cli_config(tmp_path, "chain", setup="relic")), "--ckpt_path", "last"],
-                    tmp_path, timeout=300)
+    final = run_cli(["fit", "--config", str(_cli_config(tmp_path, "chain", setup="relic")), "--ckpt_path", "last"], tmp_path, timeout=300)
     assert "--ckpt_path last: resuming from" in final.stdout
     resumed = torch.load(_last_ckpt(tmp_path / "runs" / "chain"), map_location="cpu", weights_only=False)
     assert any(k.startswith("target_encoder.") for k in resumed["state_dict"])
@@ -126,8 +128,13 @@ def test_stored_fixture_resumes_training(tmp_path: Path) -> None:
     """Not only the weights: optimiser, schedule, loops and callback states of the stored checkpoint resume."""
     stored = torch.load(FIXTURE_OUTPUTS, map_location="cpu", weights_only=False)
     model = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
-    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=None, limit_val_batches=0,
-                       callbacks=[CLOCMarginFreeze(freeze_at_epoch=1, filename="m.yaml")])
+    trainer = _trainer(
+        tmp_path,
+        max_epochs=3,
+        limit_train_batches=None,
+        limit_val_batches=0,
+        callbacks=[CLOCMarginFreeze(freeze_at_epoch=1, filename="m.yaml")],
+    )
     dm = _shapes(train_size=32, val_size=16, test_size=16, batch_size=16)  # the fixture's data: 2 steps per epoch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -8,4 +8,15 @@ from cloc_lightning.callbacks.plots import ConfusionMatrixPlot, EmbeddingPlot
 from cloc_lightning.callbacks.predictions import PredictionWriter
 from cloc_lightning.callbacks.preemption import PreemptionCheckpoint
 
-__all__ = ["BestCheckpoint", "LatestCheckpoint", "CLOCMarginFreeze", "CLOCMarginPlot", "ConfusionMatrixPlot", "EmbeddingPlot", "PredictionWriter", "DeviceChecks", "FiniteChecks", "PreemptionCheckpoint"]
+__all__ = [
+    "BestCheckpoint",
+    "LatestCheckpoint",
+    "CLOCMarginFreeze",
+    "CLOCMarginPlot",
+    "ConfusionMatrixPlot",
+    "EmbeddingPlot",
+    "PredictionWriter",
+    "DeviceChecks",
+    "FiniteChecks",
+    "PreemptionCheckpoint",
+]

@@ -104,7 +104,6 @@ class LatestCheckpoint(ModelCheckpoint):
             **kwargs,
         )
 
-
     @property
     def path(self) -> str:
         """The file last written (``''`` before the first save)."""

@@ -46,7 +46,6 @@ def is_logging_step(trainer: L.Trainer) -> bool:
     return every > 0 and (trainer.global_step + 1) % every == 0
 
 
-
 class DeviceChecks(Callback):
     """Defer the training step's value checks and read them every ``log_every_n_steps`` (see the module docstring).
 

@@ -26,8 +26,10 @@ from cloc_lightning.validation import check_int
 __all__ = ["CLOCMarginFreeze", "CLOCMarginPlot"]
 
 #: how to avoid a diverged phase one, on the command line (ends the refusal of unusable margins)
-_DIVERGED_FIX = ("Lower the learning rate (--model.lr, or --model.margin_lr for the margins) or clip gradients "
-                 "(--trainer.gradient_clip_val 1.0) and train phase one again")
+_DIVERGED_FIX = (
+    "Lower the learning rate (--model.lr, or --model.margin_lr for the margins) or clip gradients "
+    "(--trainer.gradient_clip_val 1.0) and train phase one again"
+)
 
 
 def _margins_of(pl_module: Any, who: str) -> Any:

@@ -76,7 +76,8 @@ def nonfinite_grad_message(owner: str) -> str:
 def nonfinite_monitor_message(owner: str, name: str, value: float, epoch: int, others: bool) -> str:
     """The warning of a NaN/inf monitored metric ``name`` at ``epoch`` (``others``: a ModelCheckpoint you configured monitors it)."""
     note = (
-        "the default best checkpoint (BestCheckpoint) skips it" if not others
+        "the default best checkpoint (BestCheckpoint) skips it"
+        if not others
         else "a ModelCheckpoint you configured ranks NaN as its worst value but may keep this epoch while it has no other"
     )
     return (
@@ -96,8 +97,12 @@ def check_trains_something(trainer: L.Trainer, owner: str) -> None:
     settings = (
         ("max_epochs", trainer.max_epochs, "0 epochs", "set --trainer.max_epochs to 1 or more"),
         ("max_steps", trainer.max_steps, "0 optimiser steps", "set --trainer.max_steps to 1 or more (or -1: no limit)"),
-        ("limit_train_batches", trainer.limit_train_batches, "0 batches per epoch",
-         "set --trainer.limit_train_batches to a positive number of batches or fraction (or remove it)"),
+        (
+            "limit_train_batches",
+            trainer.limit_train_batches,
+            "0 batches per epoch",
+            "set --trainer.limit_train_batches to a positive number of batches or fraction (or remove it)",
+        ),
     )
     for name, value, what, how in settings:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
@@ -196,15 +201,14 @@ class FiniteChecks(Callback):
             isinstance(cb, ModelCheckpoint) and not isinstance(cb, BestCheckpoint) and cb.monitor == monitor
             for cb in trainer.checkpoint_callbacks
         )
-        message = nonfinite_monitor_message(
-            type(pl_module).__name__, str(monitor), float(value), int(pl_module.current_epoch), others
-        )
+        message = nonfinite_monitor_message(type(pl_module).__name__, str(monitor), float(value), int(pl_module.current_epoch), others)
         print_line(trainer, message, file=sys.stderr)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Say loudly when test metrics are NaN/inf: the tested weights give non-finite outputs, the numbers are no result."""
         bad = sorted(
-            k for k, v in trainer.callback_metrics.items()
+            k
+            for k, v in trainer.callback_metrics.items()
             if k.startswith("test/") and isinstance(v, torch.Tensor) and not bool(torch.isfinite(v).all())
         )
         if not bad:

@@ -68,7 +68,16 @@ from cloc_lightning.cli.parser import (
 from cloc_lightning.cli.records import RunConfigSaver, RunFolderInUseError
 from cloc_lightning.cli.records import RunFolderError as RunFolderError
 
-__all__ = ["CLOCLightningCLI", "CLOCArgumentParser", "RunConfigSaver", "RunFolderInUseError", "MissingWeightsError",
-           "RunFinishedError", "main", "packaged_config_fallback", "REQUIRED_MARK",
-           "required_placeholders", "check_required_placeholders"]
-
+__all__ = [
+    "CLOCLightningCLI",
+    "CLOCArgumentParser",
+    "RunConfigSaver",
+    "RunFolderInUseError",
+    "MissingWeightsError",
+    "RunFinishedError",
+    "main",
+    "packaged_config_fallback",
+    "REQUIRED_MARK",
+    "required_placeholders",
+    "check_required_placeholders",
+]

@@ -56,16 +56,30 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
     parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module (train: probe fit, test: score)")
     parser.add_argument(
-        "--preset", type=ProbePreset, default="default",
+        "--preset",
+        type=ProbePreset,
+        default="default",
         help="probe protocol: 'default' (C 1, max_iter 1000, standardised, unnormalised features) or 'sigmoid_cl' "
         "(the ReLIC-sigmoid seed: CalibratedClassifierCV(LogisticRegression(max_iter=100)) on L2-normalised, "
         "unstandardised features); the options below override it",
     )
     parser.add_argument("--C", type=float | None, default=None, help="inverse L2 regularisation of LogisticRegression (preset: 1.0)")
     parser.add_argument("--max_iter", type=int | None, default=None, help="L-BFGS iterations (preset: 1000 / sigmoid_cl 100)")
-    parser.add_argument("--normalize", type=bool | None, default=None, help="L2-normalise features before the probe (preset: false / sigmoid_cl true)")
-    parser.add_argument("--standardize", type=bool | None, default=None, help="standardise features, training-set statistics (preset: true / sigmoid_cl false)")
-    parser.add_argument("--calibrated", type=bool | None, default=None, help="wrap the classifier in CalibratedClassifierCV (preset: false / sigmoid_cl true)")
+    parser.add_argument(
+        "--normalize", type=bool | None, default=None, help="L2-normalise features before the probe (preset: false / sigmoid_cl true)"
+    )
+    parser.add_argument(
+        "--standardize",
+        type=bool | None,
+        default=None,
+        help="standardise features, training-set statistics (preset: true / sigmoid_cl false)",
+    )
+    parser.add_argument(
+        "--calibrated",
+        type=bool | None,
+        default=None,
+        help="wrap the classifier in CalibratedClassifierCV (preset: false / sigmoid_cl true)",
+    )
     parser.add_argument("--backbone", type=str | None, default=None, help="override the checkpoint's timm backbone name")
     parser.add_argument("--cifar_stem", type=bool | None, default=None, help="override the checkpoint's cifar_stem")
     parser.add_argument("--split", type=ProbeSplit, default="test", help="the split scored: test or val")
@@ -74,9 +88,18 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = parser.parse_args(argv)
     init = parser.instantiate_classes(cfg)
     result = probe_checkpoint(
-        cfg.ckpt, init.data, device=cfg.device, C=cfg.C, max_iter=cfg.max_iter, normalize=cfg.normalize,
-        standardize=cfg.standardize, backbone=cfg.backbone, cifar_stem=cfg.cifar_stem, split=cfg.split,
-        calibrated=cfg.calibrated, preset=cfg.preset,
+        cfg.ckpt,
+        init.data,
+        device=cfg.device,
+        C=cfg.C,
+        max_iter=cfg.max_iter,
+        normalize=cfg.normalize,
+        standardize=cfg.standardize,
+        backbone=cfg.backbone,
+        cifar_stem=cfg.cifar_stem,
+        split=cfg.split,
+        calibrated=cfg.calibrated,
+        preset=cfg.preset,
     )
     settings = ", ".join(f"{k}={v}" for k, v in result["settings"].items())
     lines = [
@@ -116,13 +139,15 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
     )
     parser.add_argument("ckpt", help="OrdinalCLIPModule checkpoint (.ckpt) written by `cloc-lightning fit`")
     parser.add_argument("out", help="output file (.pt), loaded with PrototypeClassifier.load(out)")
-    parser.add_argument("--rank-offset", type=float, default=0.0,
-                        help="value of rank 0 for predict(): rank_values = offset + arange(R) (e.g. min_age)")
+    parser.add_argument(
+        "--rank-offset", type=float, default=0.0, help="value of rank 0 for predict(): rank_values = offset + arange(R) (e.g. min_age)"
+    )
     parser.add_argument("--rank-step", type=float, default=1.0, help="spacing of the rank values (default 1)")
     args = parser.parse_args(argv)
     try:  # memory-mapped: only the hyper-parameters and key names are read here
-        ckpt = read_checkpoint(args.ckpt, mmap=True, what="checkpoint", hint="give an OrdinalCLIPModule checkpoint "
-                               "(.ckpt) written by `cloc-lightning fit`")
+        ckpt = read_checkpoint(
+            args.ckpt, mmap=True, what="checkpoint", hint="give an OrdinalCLIPModule checkpoint (.ckpt) written by `cloc-lightning fit`"
+        )
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
     hp = ckpt.get("hyper_parameters", {})

@@ -24,8 +24,18 @@ __all__ = ["main", "library_error", "packaged_config_fallback"]
 
 
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
-_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, FloatingPointError,
-                RuntimeError, ImportError, PermissionError)
+_USER_ERRORS = (
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    FileExistsError,
+    FloatingPointError,
+    RuntimeError,
+    ImportError,
+    PermissionError,
+)
 
 
 def library_error(exc: BaseException) -> BaseException | None:
@@ -81,8 +91,11 @@ def packaged_config_fallback(argv: list[str]) -> list[str]:
             continue
         out[at] = prefix + str(cfg.path)
         if all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID")):
-            print(f"cloc-lightning: --config {value}: no such file here; using the packaged config {cfg.name} ({cfg.path})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"cloc-lightning: --config {value}: no such file here; using the packaged config {cfg.name} ({cfg.path})",
+                file=sys.stderr,
+                flush=True,
+            )
     return out
 
 
@@ -117,8 +130,7 @@ def main(args: list[str] | None = None) -> None:
             args=None if args is None else argv,
         )
     except SIGTERMException as e:  # Lightning's SystemExit *without* a code (exit 0): a preempted command must not look finished
-        print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})",
-              file=sys.stderr, flush=True)
+        print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})", file=sys.stderr, flush=True)
         raise SystemExit(SIGTERM_EXIT_CODE) from e
     except Exception as e:  # re-raised unless it is the library's own message
         err = None if debug else library_error(e)

@@ -36,8 +36,14 @@ from cloc_lightning.nn.pretrained import normalization_mismatch
 from cloc_lightning.resume import checkpoint_position, checkpoint_progress, find_last_checkpoint
 from cloc_lightning.threads import apply_default_threads
 
-__all__ = ["CLOCLightningCLI", "MissingWeightsError", "RunFinishedError", "TRAINER_DEFAULTS", "RUN_OPTIONS",
-           "check_config_against_checkpoint"]
+__all__ = [
+    "CLOCLightningCLI",
+    "MissingWeightsError",
+    "RunFinishedError",
+    "TRAINER_DEFAULTS",
+    "RUN_OPTIONS",
+    "check_config_against_checkpoint",
+]
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
@@ -92,14 +98,12 @@ def _run_options(model: Any) -> dict[str, Any]:
     return {key: copy.deepcopy(args.get(key)) for key in RUN_OPTIONS if key in args}
 
 
-
 class MissingWeightsError(ValueError):
     """``validate``/``test``/``predict`` without trained weights (no ``--ckpt_path``, no ``init_from``)."""
 
 
 class RunFinishedError(ValueError):
     """``fit --ckpt_path`` from a checkpoint at the end of the run's ``max_epochs``/``max_steps``: it would train nothing."""
-
 
 
 #: what apply_default_threads changed in this process, newest last (main() undoes it when the command ends)
@@ -157,13 +161,16 @@ class CLOCLightningCLI(LightningCLI):
         info = DataInfo(data, owner=owner)
         if self._num_classes_from_checkpoint:
             info.check_num_classes(
-                given, subject=f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given},",
-                fix="evaluate or resume it on data with {given} classes (the config it was trained with is config.yaml in "
-                    "its run folder)")
+                given,
+                subject=f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given},",
+                fix="evaluate or resume it on data with {given} classes (the config it was trained with is config.yaml in its run folder)",
+            )
         info.check_num_classes(
-            given, fix=f"{owner} takes num_classes from the data module: leave model.init_args.num_classes "
-                       "(--model.num_classes) out of the config and the command line, or configure the data module with "
-                       "{given} classes")
+            given,
+            fix=f"{owner} takes num_classes from the data module: leave model.init_args.num_classes "
+            "(--model.num_classes) out of the config and the command line, or configure the data module with "
+            "{given} classes",
+        )
         return info.num_classes
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
@@ -241,8 +248,9 @@ class CLOCLightningCLI(LightningCLI):
             if os.path.isdir(folder) and _left_empty(folder):
                 shutil.rmtree(folder)
         except OSError as e:  # never hide the command's own error
-            print(f"cloc-lightning: could not remove the run folder {folder} that the failed command made: {e}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"cloc-lightning: could not remove the run folder {folder} that the failed command made: {e}", file=sys.stderr, flush=True
+            )
 
     def _resolve_ckpt_path(self) -> None:
         """``--ckpt_path last`` -> the run's newest ``last*.ckpt``; a resumed fit logs into the checkpoint's run folder."""
@@ -374,7 +382,6 @@ class CLOCLightningCLI(LightningCLI):
     after_validate = after_test = after_predict = _closing_lines
 
 
-
 def _first_line(fn: Any) -> str:
     """The ``--help`` summary of a command: the first sentence of its docstring."""
     return _summary(fn)
@@ -399,11 +406,15 @@ def _check_ckpt_path_exists(ckpt_path: Any) -> None:
     if ckpt_path in ("last", "best", "hpc", "registry") or ckpt_path.startswith("registry:"):
         return
     if not os.path.exists(ckpt_path):
-        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file; give an existing .ckpt file (a run's checkpoints "
-                                "are in <run folder>/checkpoints/), or --ckpt_path last to continue this run's newest last.ckpt")
+        raise FileNotFoundError(
+            f"--ckpt_path {ckpt_path}: no such file; give an existing .ckpt file (a run's checkpoints "
+            "are in <run folder>/checkpoints/), or --ckpt_path last to continue this run's newest last.ckpt"
+        )
     if os.path.isdir(ckpt_path):
-        raise IsADirectoryError(f"--ckpt_path {ckpt_path}: is a folder; give a .ckpt file in it "
-                                f"({', '.join(sorted(os.listdir(ckpt_path))[:4]) or 'it is empty'})")
+        raise IsADirectoryError(
+            f"--ckpt_path {ckpt_path}: is a folder; give a .ckpt file in it "
+            f"({', '.join(sorted(os.listdir(ckpt_path))[:4]) or 'it is empty'})"
+        )
 
 
 def _check_trains_more(trainer: Any, given: Any, path: str) -> None:
@@ -450,8 +461,7 @@ def _integer_batch_limits(cfg: Any, raw_args: list[str]) -> dict[str, int]:
     return fixed
 
 
-_BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                 "val_check_interval")
+_BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches", "val_check_interval")
 
 
 def _raw_trainer_values(cfg: Any, raw_args: list[str]) -> dict[str, Any]:
@@ -503,5 +513,3 @@ def check_config_against_checkpoint(model_cfg: Any, ckpt_path: str) -> None:
             "in its run folder), pass a checkpoint of the configured model, or take its matching weights with "
             "--model.init_args.init_from <ckpt> instead."
         )
-
-

@@ -24,8 +24,15 @@ from cloc_lightning.checkpoints import import_class
 from cloc_lightning.cli.helptext import CLOCHelpFormatter, rst_to_text
 from cloc_lightning.validation import invalid_yaml
 
-__all__ = ["CLOCArgumentParser", "CLOCCLIHelpFormatter", "REQUIRED_MARK", "required_placeholders",
-           "check_required_placeholders", "short_parse_error", "yaml_parse_error"]
+__all__ = [
+    "CLOCArgumentParser",
+    "CLOCCLIHelpFormatter",
+    "REQUIRED_MARK",
+    "required_placeholders",
+    "check_required_placeholders",
+    "short_parse_error",
+    "yaml_parse_error",
+]
 
 
 # ---------------------------------------------------------------------------------------------- help text
@@ -120,8 +127,9 @@ def _nearest(key: str, names: Iterable[str]) -> str:
     prefix, _, last = key.rpartition(".")
     same_level = [n for n in pool if n.rpartition(".")[0] == prefix]
     leaf = {n: n.rpartition(".")[2] for n in same_level}
-    abbreviated = [n for n in same_level if len(last) > 1 and last != leaf[n]
-                   and (_initials(last) == leaf[n] or _initials(leaf[n]) == last)]
+    abbreviated = [
+        n for n in same_level if len(last) > 1 and last != leaf[n] and (_initials(last) == leaf[n] or _initials(leaf[n]) == last)
+    ]
     close = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)
     found = list(dict.fromkeys(abbreviated + close))[:3]
     return f"; did you mean {' or '.join(found)}?" if found else ""
@@ -167,8 +175,9 @@ def _inline_yaml_error(argv: list[str], text: str) -> str | None:
         return None
     for key, value in _inline_values(argv):
         name = key[2:].replace(".init_args.", ".")
-        if not any(name == r or name.startswith(r + ".") or r.startswith(name + ".")
-                               or r.replace(".init_args.", ".") == name for r in refused):
+        if not any(
+            name == r or name.startswith(r + ".") or r.startswith(name + ".") or r.replace(".init_args.", ".") == name for r in refused
+        ):
             continue
         try:
             yaml.safe_load(value)
@@ -196,8 +205,7 @@ def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
     found = yaml_parse_error(message, argv)
     if found:
         return found
-    m = re.search(r'Parser key "([^"]+)":.*?Problem with given class_path \'([^\']+)\':\s*(.*?)(?:- Expected a|Given value type|$)',
-                  text)
+    m = re.search(r'Parser key "([^"]+)":.*?Problem with given class_path \'([^\']+)\':\s*(.*?)(?:- Expected a|Given value type|$)', text)
     if m:
         key, class_path, inner = m.group(1), m.group(2), m.group(3).strip()
         cls_name = class_path.rsplit(".", 1)[-1]
@@ -288,8 +296,11 @@ class CLOCArgumentParser(LightningArgumentParser):
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = str(getattr(parser, "prog", "cloc-lightning")).replace(" [options]", "")
         short = short_parse_error(message, parser, argv)
-        print(f"{prog}: error: {short}\n({prog} --help lists the options; --debug shows the parser's full message)",
-              file=sys.stderr, flush=True)
+        print(
+            f"{prog}: error: {short}\n({prog} --help lists the options; --debug shows the parser's full message)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(2)
 
 
@@ -330,8 +341,8 @@ def check_required_placeholders(config: Any, argv: list[str]) -> None:
             files.append(path)
     where = ", ".join(files) if files else "the config"
     keys = ", ".join(key for key, _ in found)
-    give = " ".join(value[len(REQUIRED_MARK):].strip() for _, value in found)
-    raise ValueError(f"{where}: {keys} {'is a required setting' if len(found) == 1 else 'are required settings'} that "
-                     f"this run does not give (the config holds the placeholder {found[0][1]!r}); give {give}")
-
-
+    give = " ".join(value[len(REQUIRED_MARK) :].strip() for _, value in found)
+    raise ValueError(
+        f"{where}: {keys} {'is a required setting' if len(found) == 1 else 'are required settings'} that "
+        f"this run does not give (the config holds the placeholder {found[0][1]!r}); give {give}"
+    )

@@ -20,11 +20,8 @@ class RunFolderInUseError(FileExistsError):
     """A new run would write its records into a run folder that already holds another run's."""
 
 
-
 class RunFolderError(NotADirectoryError):
     """The logger's ``save_dir`` cannot hold a run folder (a file, or not writable)."""
-
-
 
 
 class RunConfigSaver(SaveConfigCallback):
@@ -41,8 +38,15 @@ class RunConfigSaver(SaveConfigCallback):
     accepted for LightningCLI's ``save_config_kwargs`` and ignored: records are never overwritten.
     """
 
-    def __init__(self, parser: Any, config: Any, config_filename: str = "config.yaml", overwrite: bool = False,
-                 multifile: bool = False, save_to_log_dir: bool = True) -> None:
+    def __init__(
+        self,
+        parser: Any,
+        config: Any,
+        config_filename: str = "config.yaml",
+        overwrite: bool = False,
+        multifile: bool = False,
+        save_to_log_dir: bool = True,
+    ) -> None:
         super().__init__(parser, config, config_filename, overwrite=False, multifile=multifile, save_to_log_dir=save_to_log_dir)
         #: set by the CLI before a ``fit`` that continues a checkpoint
         self.resuming = False
@@ -112,8 +116,10 @@ def _check_save_dir(folder: str) -> None:
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise RunFolderError(f"logger save_dir: {existing} is a file, not a folder, so {folder} cannot be created; "
-                             "give --trainer.logger.init_args.save_dir a folder (e.g. runs)")
+        raise RunFolderError(
+            f"logger save_dir: {existing} is a file, not a folder, so {folder} cannot be created; "
+            "give --trainer.logger.init_args.save_dir a folder (e.g. runs)"
+        )
     try:
         os.makedirs(folder, exist_ok=True)
         probe = os.path.join(folder, f".cloc-write-test-{os.getpid()}")
@@ -121,13 +127,23 @@ def _check_save_dir(folder: str) -> None:
             pass
         os.remove(probe)
     except OSError as e:
-        raise RunFolderError(f"logger save_dir: cannot write the run folder {folder} ({e.strerror or e}); give "
-                             "--trainer.logger.init_args.save_dir a folder you can write to") from None
+        raise RunFolderError(
+            f"logger save_dir: cannot write the run folder {folder} ({e.strerror or e}); give "
+            "--trainer.logger.init_args.save_dir a folder you can write to"
+        ) from None
 
 
 #: what a run writes into its run folder (other files there, e.g. a scheduler's or job script's own logs, are not a run's records)
-_RECORD_PATTERNS = ("config*.yaml", "hparams.yaml", "checkpoints", "events.out.tfevents.*", "metrics.csv",
-                    "cloc_margins*", "predictions*.csv", "*.ckpt")
+_RECORD_PATTERNS = (
+    "config*.yaml",
+    "hparams.yaml",
+    "checkpoints",
+    "events.out.tfevents.*",
+    "metrics.csv",
+    "cloc_margins*",
+    "predictions*.csv",
+    "*.ckpt",
+)
 
 
 def _run_records(folder: str) -> list[str]:
@@ -195,7 +211,6 @@ def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> str | None:
     raise RunFolderInUseError(f"no free run folder next to {logger.log_dir}")
 
 
-
 def _logger_names(trainer: Any) -> list[str]:
     """The trainer's loggers as the closing line names them: ``TensorBoardLogger`` -> ``TensorBoard``, ``CSVLogger`` -> ``CSV``."""
     names = []
@@ -203,7 +218,6 @@ def _logger_names(trainer: Any) -> list[str]:
         name = type(logger).__name__
         names.append(name[: -len("Logger")] if name.endswith("Logger") and name != "Logger" else name)
     return list(dict.fromkeys(names))
-
 
 
 def _version_folder_of(trainer: Any, ckpt_path: str) -> str | None:
@@ -235,4 +249,3 @@ def _pin_logger_version(trainer: Any, version: str | None) -> None:
             logger._version = version
         else:
             _ = logger.version  # computes and stores the next free version
-

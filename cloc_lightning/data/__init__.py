@@ -32,6 +32,12 @@ if TYPE_CHECKING:  # mypy checks that every data module provides what a model re
     from cloc_lightning.data_contract import DataContract
 
     _FULFIL_THE_CONTRACT: tuple[type[DataContract], ...] = (
-        BaseDataModule, CSVDataModule, ImageFolderDataModule, OrdinalShapesDataModule, UTKFaceDataModule,
-        CIFAR10DataModule, CIFAR100DataModule, STL10DataModule,
+        BaseDataModule,
+        CSVDataModule,
+        ImageFolderDataModule,
+        OrdinalShapesDataModule,
+        UTKFaceDataModule,
+        CIFAR10DataModule,
+        CIFAR100DataModule,
+        STL10DataModule,
     )

@@ -193,8 +193,9 @@ class BaseDataModule(L.LightningDataModule):
             if eval_batch_size is not None:
                 check_int("eval_batch_size", eval_batch_size, 1, hint="or null: the training batch_size")
             if num_workers is not None:
-                check_int("num_workers", num_workers, 0,
-                          hint="loader worker processes; 0 loads in the main process, null picks min(8, cpus - 1)")
+                check_int(
+                    "num_workers", num_workers, 0, hint="loader worker processes; 0 loads in the main process, null picks min(8, cpus - 1)"
+                )
             check_int("image_size", image_size, 1, hint="the side in pixels of the square images the model sees, e.g. 32")
             mean = _check_triple("mean", mean, positive=False)
             std = _check_triple("std", std, positive=True)
@@ -207,7 +208,9 @@ class BaseDataModule(L.LightningDataModule):
             check_choice("cache", cache, Cache, hint="none, memory (shared memory) or disk (memory-mapped, in cache_dir)")
             check_choice("augment_on", augment_on, AugmentOn, hint="loader (torchvision per sample) or device (batched, on the GPU)")
             if cache_size is not None:
-                check_int("cache_size", cache_size, 8, hint="px of the stored images' long side, or null: the rule of cloc_lightning.data.cache")
+                check_int(
+                    "cache_size", cache_size, 8, hint="px of the stored images' long side, or null: the rule of cloc_lightning.data.cache"
+                )
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = _auto_workers() if num_workers is None else num_workers
@@ -222,8 +225,7 @@ class BaseDataModule(L.LightningDataModule):
                 else f"augment is {augment!r}; set augment: rrc_flip to use it"
             )
             warnings.warn(
-                f"data.rrc_scale={list(self.rrc_scale)} has no effect: it is the crop of the single-view "
-                f"augment: rrc_flip, but {why}",
+                f"data.rrc_scale={list(self.rrc_scale)} has no effect: it is the crop of the single-view augment: rrc_flip, but {why}",
                 stacklevel=2,
             )
         self.train_views = train_views
@@ -272,8 +274,10 @@ class BaseDataModule(L.LightningDataModule):
         n = len(self.class_names)
         if n < 2:
             shown = [str(c) for c in self.class_names[:10]]
-            raise DataConfigError(f"{type(self).__name__} found {n} class(es) ({shown}){self.class_source()}; at least 2 are "
-                                  "needed: give the data module data with two or more classes")
+            raise DataConfigError(
+                f"{type(self).__name__} found {n} class(es) ({shown}){self.class_source()}; at least 2 are "
+                "needed: give the data module data with two or more classes"
+            )
 
     def discover_class_names(self) -> list[str]:
         """Class names, computed without building the sets if possible."""
@@ -331,8 +335,9 @@ class BaseDataModule(L.LightningDataModule):
         if self.cache == "none" or not decode:
             return OnTheFlyStore(base, layout)
         what = f"the {split} split of {type(self).__name__}"
-        return build_store(base, layout, self.cache, what, bad_files=self.bad_files, cache_dir=self.cache_dir,
-                           progress=self._is_rank_zero())
+        return build_store(
+            base, layout, self.cache, what, bad_files=self.bad_files, cache_dir=self.cache_dir, progress=self._is_rank_zero()
+        )
 
     def _is_rank_zero(self) -> bool:
         trainer = self.trainer
@@ -402,8 +407,12 @@ class BaseDataModule(L.LightningDataModule):
         if not bad:
             return None
         names = [ds.describe(i) for i in bad[:5]]
-        return self._skip(len(ds), bad, f"left {len(bad)} unreadable image(s) out of the {split} split, whose metrics and "
-                          f"predictions cover the other {len(ds) - len(bad)}: {names}{' ...' if len(bad) > 5 else ''}")
+        return self._skip(
+            len(ds),
+            bad,
+            f"left {len(bad)} unreadable image(s) out of the {split} split, whose metrics and "
+            f"predictions cover the other {len(ds) - len(bad)}: {names}{' ...' if len(bad) > 5 else ''}",
+        )
 
     @staticmethod
     def _skip(n: int, bad: Sequence[int], what: str) -> list[int]:

@@ -332,8 +332,15 @@ def _available_memory() -> int | None:
 
 
 def _decode_into(
-    base: LabelledDataset, layout: StoreLayout, out: np.ndarray | torch.Tensor, native: np.ndarray, stored: np.ndarray,
-    ok: np.ndarray, what: str, bad_files: str, progress: bool,
+    base: LabelledDataset,
+    layout: StoreLayout,
+    out: np.ndarray | torch.Tensor,
+    native: np.ndarray,
+    stored: np.ndarray,
+    ok: np.ndarray,
+    what: str,
+    bad_files: str,
+    progress: bool,
 ) -> None:
     """Decode every image of ``base`` into ``out[i]`` (threads: PIL and torch release the GIL)."""
     from tqdm import tqdm  # type: ignore[import-untyped]  # Lightning's dependency; no stubs installed
@@ -370,7 +377,9 @@ def _decode_into(
     bad = int((~ok).sum())
     if bad:
         names = [base.describe(int(i)) for i in np.nonzero(~ok)[0][:5]]
-        warnings.warn(f"bad_files: skip: {bad} unreadable image(s) in {what} were not cached: {names}{' ...' if bad > 5 else ''}", stacklevel=2)
+        warnings.warn(
+            f"bad_files: skip: {bad} unreadable image(s) in {what} were not cached: {names}{' ...' if bad > 5 else ''}", stacklevel=2
+        )
 
 
 @contextlib.contextmanager
@@ -477,10 +486,20 @@ def _build_disk(
     if n == 0:
         os.truncate(tmp / "images.u8", 0)
     np.savez(tmp / "meta.npz", native=native, stored=stored, ok=ok)
-    (tmp / "info.json").write_text(json.dumps({
-        "format": _FORMAT, "what": what, "n": n, "size": S, "mode": layout.mode, "complete": True,
-        "unreadable": int((~ok).sum()),
-    }, indent=1))
+    (tmp / "info.json").write_text(
+        json.dumps(
+            {
+                "format": _FORMAT,
+                "what": what,
+                "n": n,
+                "size": S,
+                "mode": layout.mode,
+                "complete": True,
+                "unreadable": int((~ok).sum()),
+            },
+            indent=1,
+        )
+    )
     if folder.exists():
         shutil.rmtree(folder)
     os.rename(tmp, folder)

@@ -455,6 +455,9 @@ class DeviceCollate:
 
         batch: dict[str, object] = default_collate(items)
         batch["params"] = self.augment.draw(
-            batch["index"].numpy(), batch["epoch"].numpy(), batch["native"].numpy(), batch["stored"].numpy()  # type: ignore[attr-defined]
+            batch["index"].numpy(),
+            batch["epoch"].numpy(),
+            batch["native"].numpy(),
+            batch["stored"].numpy(),  # type: ignore[attr-defined]
         )
         return batch

@@ -38,5 +38,6 @@ def config_errors() -> Iterator[None]:
 def check_val_fraction(value: Any) -> float:
     """``val_fraction`` in ``[0, 1)`` (a share of the training data held out), else a :class:`DataConfigError`."""
     with config_errors():
-        return check_float("val_fraction", value, minimum=0.0, maximum=1.0, strict_maximum=True,
-                           expect="in [0, 1)", hint="0 = validate on the test set")
+        return check_float(
+            "val_fraction", value, minimum=0.0, maximum=1.0, strict_maximum=True, expect="in [0, 1)", hint="0 = validate on the test set"
+        )

@@ -68,9 +68,7 @@ class ExactEvalBatches(DistributedSampler):  # type: ignore[type-arg]
     sharded and leaves it alone; it does not shuffle and ignores ``set_epoch``.
     """
 
-    def __init__(
-        self, dataset: Sized, batch_size: int, num_replicas: int, rank: int, batches: list[list[int]] | None = None
-    ) -> None:
+    def __init__(self, dataset: Sized, batch_size: int, num_replicas: int, rank: int, batches: list[list[int]] | None = None) -> None:
         """``batches``: the plan of :func:`exact_eval_batches` when the caller already has it."""
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)  # type: ignore[arg-type]
         if batches is None:
@@ -105,9 +103,7 @@ class BatchedView(Dataset):  # type: ignore[type-arg]
         return self.collate_fn([self.dataset[i] for i in indices])
 
 
-def exact_eval_loader(
-    dataset: Any, batch_size: int, num_replicas: int, rank: int, **loader_kwargs: Any
-) -> DataLoader[Any] | None:
+def exact_eval_loader(dataset: Any, batch_size: int, num_replicas: int, rank: int, **loader_kwargs: Any) -> DataLoader[Any] | None:
     """A loader of this process's share of ``dataset``, every sample once over all processes, or ``None``.
 
     ``loader_kwargs`` are the ``DataLoader`` options other than batching (``num_workers``,

@@ -124,8 +124,7 @@ class ImageFolderDataModule(BaseDataModule):
         extra = [c for c in found if c not in self.class_order]
         if missing or extra:
             raise DataConfigError(
-                f"class_order does not match the folders in {str(base)!r}: missing folders {missing}, "
-                f"folders not in class_order {extra}"
+                f"class_order does not match the folders in {str(base)!r}: missing folders {missing}, folders not in class_order {extra}"
             )
         return list(self.class_order)
 
@@ -156,7 +155,9 @@ class ImageFolderDataModule(BaseDataModule):
             warnings.warn(
                 f"predict_root {str(root)!r}: {len(other)} of {len(classes)} image(s) are not in a sub-folder named after "
                 f"a class {list(names)[:10]} (e.g. {other[:3]}), so predictions.csv has no target column; move them "
-                "into their class folders to get targets", stacklevel=2)
+                "into their class folders to get targets",
+                stacklevel=2,
+            )
         return ds
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
@@ -174,16 +175,24 @@ class ImageFolderDataModule(BaseDataModule):
             if (path / self.dirs["val"]).is_dir():
                 sets["train"], sets["val"] = train, _scan(path / self.dirs["val"], self.class_names)
             else:
-                split = hash_split([os.path.basename(f) + str(y) for f, y in zip(*train, strict=True)], (1 - self.val_fraction, self.val_fraction))
+                split = hash_split(
+                    [os.path.basename(f) + str(y) for f, y in zip(*train, strict=True)], (1 - self.val_fraction, self.val_fraction)
+                )
                 for i, name in enumerate(("train", "val")):
-                    sets[name] = ([f for f, s in zip(train[0], split, strict=True) if s == i], [y for y, s in zip(train[1], split, strict=True) if s == i])
+                    sets[name] = (
+                        [f for f, s in zip(train[0], split, strict=True) if s == i],
+                        [y for y, s in zip(train[1], split, strict=True) if s == i],
+                    )
         else:
             files, labels = _scan(path, self.class_names)
             if not files:
                 raise DataConfigError(f"no images under {str(path)!r}")
             split = hash_split([os.path.relpath(f, path) for f in files], self.split_fractions)
             for i, name in enumerate(("train", "val", "test")):
-                sets[name] = ([f for f, s in zip(files, split, strict=True) if s == i], [y for y, s in zip(labels, split, strict=True) if s == i])
+                sets[name] = (
+                    [f for f, s in zip(files, split, strict=True) if s == i],
+                    [y for y, s in zip(labels, split, strict=True) if s == i],
+                )
         return {k: ImageFileDataset(f, y, self.bad_files) for k, (f, y) in sets.items()}
 
 
@@ -260,7 +269,9 @@ class CSVDataModule(BaseDataModule):
         """The CSV's rows (read once; :func:`~cloc_lightning.data.tables.read_csv_rows`)."""
         if self._table is None:
             self._table = read_csv_rows(
-                Path(os.path.expanduser(self.csv_path)), [c for c in self.columns if c is not None], name="CSV file",
+                Path(os.path.expanduser(self.csv_path)),
+                [c for c in self.columns if c is not None],
+                name="CSV file",
                 fix="set data.csv_path",
                 no_column="column {column!r} not in {path!r} (columns: {columns}); set the *_column arguments",
             )
@@ -285,9 +296,7 @@ class CSVDataModule(BaseDataModule):
         where = f"the {label_col!r} column of {self.csv_path!r}"
         values = sorted({r[label_col] for r in self._read().rows})
         if "" in values:
-            raise DataConfigError(
-                f"{where} has empty labels: {self._label_rows(lambda v: not v)}; fill them in or remove those rows"
-            )
+            raise DataConfigError(f"{where} has empty labels: {self._label_rows(lambda v: not v)}; fill them in or remove those rows")
         ints = {v: integer_label(v) for v in values}
         self._integer_labels = all(i is not None for i in ints.values())
         if self._integer_labels:
@@ -391,16 +400,17 @@ class CSVDataModule(BaseDataModule):
         what = f"{len(missing)} of {len(files)} image(s) listed in {self.csv_path!r} do not exist"
         where = f"(paths are relative to {str(base)!r}): {shown}"
         if len(missing) == len(files):
-            raise DataConfigError(
-                f"{what} {where}; set data.root to the folder the paths are relative to (default: the CSV's folder)"
-            )
+            raise DataConfigError(f"{what} {where}; set data.root to the folder the paths are relative to (default: the CSV's folder)")
         if self.bad_files != "skip":
             raise DataConfigError(
                 f"{what} {where}; fix those paths, set data.root to the folder they are relative to, or set "
                 "data.bad_files: skip to leave the rows whose image does not exist out of every split (with a warning)"
             )
-        return self._skip(len(files), missing, f"left out {len(missing)} row(s) of {self.csv_path!r} whose image does not exist "
-                          f"({len(files) - len(missing)} kept) {where}")
+        return self._skip(
+            len(files),
+            missing,
+            f"left out {len(missing)} row(s) of {self.csv_path!r} whose image does not exist ({len(files) - len(missing)} kept) {where}",
+        )
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
@@ -423,6 +433,10 @@ class CSVDataModule(BaseDataModule):
         else:
             split = hash_split([r[path_col] for r in rows], self.split_fractions)
         return {
-            name: ImageFileDataset([f for f, s in zip(files, split, strict=True) if s == i], [y for y, s in zip(labels, split, strict=True) if s == i], self.bad_files)
+            name: ImageFileDataset(
+                [f for f, s in zip(files, split, strict=True) if s == i],
+                [y for y, s in zip(labels, split, strict=True) if s == i],
+                self.bad_files,
+            )
             for i, name in enumerate(("train", "val", "test"))
         }

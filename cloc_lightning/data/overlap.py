@@ -84,11 +84,14 @@ def overlap_message(overlap: Overlap, n_test: int, test_root: str, root: str) ->
     parts = []
     if overlap.same_content:
         t, s = overlap.same_content[0]
-        parts.append(f"{len(overlap.same_content)} byte-identical to a training image (e.g. {os.path.basename(t)!r} = "
-                     f"{os.path.basename(s)!r})")
+        parts.append(
+            f"{len(overlap.same_content)} byte-identical to a training image (e.g. {os.path.basename(t)!r} = {os.path.basename(s)!r})"
+        )
     if overlap.same_name:
         t, _ = overlap.same_name[0]
         parts.append(f"{len(overlap.same_name)} with a training file's name (e.g. {os.path.basename(t)!r})")
-    return (f"test_root {test_root!r}: {len(overlap.test_files)} of {n_test} test image(s) are in the training split of "
-            f"data.root {root!r}: {'; '.join(parts)}; their metrics are no held-out result: remove them from the test "
-            "folder (or from data.root and train again)")
+    return (
+        f"test_root {test_root!r}: {len(overlap.test_files)} of {n_test} test image(s) are in the training split of "
+        f"data.root {root!r}: {'; '.join(parts)}; their metrics are no held-out result: remove them from the test "
+        "folder (or from data.root and train again)"
+    )

@@ -50,7 +50,9 @@ def read_predict_root(predict_root: str, classes: Callable[[], tuple[Sequence[st
 
 def _predict_csv(path: Path, classes: Callable[[], tuple[Sequence[str], bool]]) -> ImageFileDataset:
     table = read_csv_rows(
-        path, ["path"], name="predict_root CSV",
+        path,
+        ["path"],
+        name="predict_root CSV",
         fix="point data.predict_root at an existing .csv file with a 'path' column, or at a folder of images",
         no_column="predict_root CSV {path!r} has no {column!r} column (columns: {columns}); give it a header row "
         "with a 'path' column of image paths relative to the CSV's folder (and optionally 'label')",

@@ -82,8 +82,7 @@ def label_indices(labels: Sequence[str], class_names: Sequence[str], *, numbered
     """
     texts = [v.strip() for v in labels]
     if numbered and all(integer_label(v) is not None for v in texts if v):
-        return [i if (i := integer_label(v) if v else None) is not None and 0 <= i < len(class_names) else None
-                for v in texts]
+        return [i if (i := integer_label(v) if v else None) is not None and 0 <= i < len(class_names) else None for v in texts]
     lookup = {name: c for c, name in enumerate(class_names)}
     return [lookup.get(v) for v in texts]
 
@@ -174,9 +173,7 @@ class CSVRows:
         return shown + (f"; ... and {len(indices) - limit} more row(s)" if len(indices) > limit else "")
 
 
-def read_csv_rows(
-    path: Path, columns: Sequence[str], *, name: str, fix: str, no_column: str, no_rows_fix: str = ""
-) -> CSVRows:
+def read_csv_rows(path: Path, columns: Sequence[str], *, name: str, fix: str, no_column: str, no_rows_fix: str = "") -> CSVRows:
     """Read the CSV file ``path`` (a header row, then one row per line) that must have ``columns``.
 
     Column names and values are stripped of surrounding white space; a row with fewer fields

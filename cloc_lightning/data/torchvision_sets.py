@@ -163,12 +163,13 @@ class _TorchvisionFilesDataModule(BaseDataModule):
     required_files: ClassVar[tuple[str, ...]] = ()
     pretty: ClassVar[str] = ""
 
-    def __init__(self, root: str = "data", download: bool = True, val_fraction: float = 0.1, download_timeout: float = 10.0, **kwargs: Any) -> None:
+    def __init__(
+        self, root: str = "data", download: bool = True, val_fraction: float = 0.1, download_timeout: float = 10.0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.val_fraction = check_val_fraction(val_fraction)
         with config_errors():
-            self.download_timeout = check_float("download_timeout", download_timeout, minimum=0.0, strict_minimum=True,
-                                                hint="seconds")
+            self.download_timeout = check_float("download_timeout", download_timeout, minimum=0.0, strict_minimum=True, hint="seconds")
         self.root = root
         self.download = download
 
@@ -281,7 +282,9 @@ class CIFAR10DataModule(_TorchvisionFilesDataModule):
     label_key: ClassVar[str] = "labels"
     default_classes: ClassVar[list[str]] = CIFAR10_CLASSES
 
-    def __init__(self, root: str = "data", download: bool = True, val_fraction: float = 0.1, download_timeout: float = 10.0, **kwargs: Any) -> None:
+    def __init__(
+        self, root: str = "data", download: bool = True, val_fraction: float = 0.1, download_timeout: float = 10.0, **kwargs: Any
+    ) -> None:
         super().__init__(root=root, download=download, val_fraction=val_fraction, download_timeout=download_timeout, **kwargs)
 
     def discover_class_names(self) -> list[str]:

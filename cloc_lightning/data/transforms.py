@@ -200,7 +200,12 @@ class SupConViews(ViewTransform):
     def device_specs(self, image_size: int) -> list[ViewSpec]:
         b, c, s, h = (float(v) for v in self.jitter)
         spec = ViewSpec(
-            self.size or image_size, "rrc", scale=self.scale, flip_p=0.5, jitter=(b, c, s, h), jitter_p=self.jitter_p,
+            self.size or image_size,
+            "rrc",
+            scale=self.scale,
+            flip_p=0.5,
+            jitter=(b, c, s, h),
+            jitter_p=self.jitter_p,
             grayscale_p=self.grayscale_p,
         )
         return [spec] * self._n_views
@@ -344,8 +349,17 @@ class MultiCropViews(ViewTransform):
         g_size, l_size = self.sizes(image_size)
         g_kernel, l_kernel = self.blur_kernels(image_size)
         b, c, s, h = (float(v) for v in self.jitter)
-        common: dict[str, Any] = dict(flip_p=0.5, jitter=(b, c, s, h), jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p)
-        g = ViewSpec(g_size, "rrc", scale=self.global_scale, blur_kernel=g_kernel, solarize_p=self.solarize_p,
-                     solarize_threshold=float(self.solarize_threshold), **common)
+        common: dict[str, Any] = dict(
+            flip_p=0.5, jitter=(b, c, s, h), jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p
+        )
+        g = ViewSpec(
+            g_size,
+            "rrc",
+            scale=self.global_scale,
+            blur_kernel=g_kernel,
+            solarize_p=self.solarize_p,
+            solarize_threshold=float(self.solarize_threshold),
+            **common,
+        )
         loc = ViewSpec(l_size, "rrc", scale=self.local_scale, blur_kernel=l_kernel, **common)
         return [g] * self.num_global_views + [loc] * self.num_local_views

@@ -193,8 +193,11 @@ class UTKFaceDataModule(BaseDataModule):
                 "rename or remove them, widen data.age_range if those ages are real, or set data.strict_names: false "
                 "to skip them (they would otherwise fall silently into an end class)"
             )
-        warnings.warn(f"skipped {len(out)} UTKFace file(s) with ages outside {lo}..{hi} (ages {shown}) in {root!r}, "
-                      f"e.g. {names[:3]}; widen data.age_range if those ages are real", stacklevel=3)
+        warnings.warn(
+            f"skipped {len(out)} UTKFace file(s) with ages outside {lo}..{hi} (ages {shown}) in {root!r}, "
+            f"e.g. {names[:3]}; widen data.age_range if those ages are real",
+            stacklevel=3,
+        )
         keep = set(range(len(files))) - set(out)
         return [f for i, f in enumerate(files) if i in keep], [a for i, a in enumerate(ages) if i in keep]
 
@@ -236,7 +239,9 @@ class UTKFaceDataModule(BaseDataModule):
             warnings.warn(
                 f"predict_root {self.predict_root!r}: {len(bad)} of {len(ds.files)} image(s) have no UTKFace name with an "
                 f"age in {lo}..{hi} (e.g. {bad[:3]}), so predictions.csv has no target column; rename them "
-                "(<age>_<gender>_<race>_<datetime>.jpg) to get targets", stacklevel=2)
+                "(<age>_<gender>_<race>_<datetime>.jpg) to get targets",
+                stacklevel=2,
+            )
         return ds
 
     def build_base_sets(self) -> dict[str, LabelledDataset]:
@@ -247,8 +252,11 @@ class UTKFaceDataModule(BaseDataModule):
             self._warn_clipped({"train": ([], []), "val": ([], []), "test": test})
             empty = ImageFileDataset([], [], self.bad_files)
             labels = [self.age_to_label(a) for a in test[1]]
-            return {"train": empty, "val": ImageFileDataset([], [], self.bad_files),
-                    "test": ImageFileDataset(test[0], labels, self.bad_files)}
+            return {
+                "train": empty,
+                "val": ImageFileDataset([], [], self.bad_files),
+                "test": ImageFileDataset(test[0], labels, self.bad_files),
+            }
         files, ages = self._read_ages(self.root)
         keys = [os.path.basename(f) for f in files]
         split_ages: dict[str, tuple[list[str], list[int]]] = {}
@@ -260,8 +268,10 @@ class UTKFaceDataModule(BaseDataModule):
             names = ("train", "val")
             split_ages["test"] = self._read_ages(self.test_root)
         for i, name in enumerate(names):
-            split_ages[name] = ([f for f, s in zip(files, split, strict=True) if s == i],
-                                [a for a, s in zip(ages, split, strict=True) if s == i])
+            split_ages[name] = (
+                [f for f, s in zip(files, split, strict=True) if s == i],
+                [a for a, s in zip(ages, split, strict=True) if s == i],
+            )
         if self.test_root is not None:
             overlap = shared_with_training(split_ages["train"][0], split_ages["test"][0])
             if overlap:

@@ -53,8 +53,10 @@ def check_rank_labels(logits: Tensor, labels: Tensor, num_classes: int, owner: s
         raise ValueError(f"{owner}: labels must be a [N]={n} tensor, got shape {tuple(labels.shape)}")
     labels = labels.long()
     if check_finite:
-        require(torch.isfinite(logits), f"{owner} got NaN/inf logits (diverged training?); lower the learning rate, "
-                "use gradient clipping, or check the inputs")
+        require(
+            torch.isfinite(logits),
+            f"{owner} got NaN/inf logits (diverged training?); lower the learning rate, use gradient clipping, or check the inputs",
+        )
         require(
             (labels >= 0) & (labels < num_classes),
             f"{owner}: labels must be ranks in [0, {num_classes}){per_sample}; check num_classes and the label mapping of the data",

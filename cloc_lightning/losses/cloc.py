@@ -261,7 +261,9 @@ class _OrdinalContrastiveLossBase(CLOCMargins, Loss):
     ) -> None:
         super().__init__(n_classes, learnable_map)  # the margins: parsed, validated, built (the layout's order)
         self.reduction: Reduction = check_choice(
-            "reduction", reduction, Reduction,
+            "reduction",
+            reduction,
+            Reduction,
             hint="'official' divides by |P|*|N|^2 as the CLOC code, 'mean' by |P|*|N|",
         )
         self.gather_distributed = check_bool("gather_distributed", gather_distributed)
@@ -273,8 +275,9 @@ class _OrdinalContrastiveLossBase(CLOCMargins, Loss):
     # -- the loss ----------------------------------------------------------
     def _check_inputs(self, prediction: Any, target: Any) -> None:
         check_tensor("prediction", prediction, floating=True, non_empty=True, layout="[batch, dim]")
-        check_tensor("prediction", prediction, dim=2, layout="[batch, dim]",
-                     hint="logits or features; flatten them with prediction.flatten(1)")
+        check_tensor(
+            "prediction", prediction, dim=2, layout="[batch, dim]", hint="logits or features; flatten them with prediction.flatten(1)"
+        )
         check_tensor("target", target, floating=False, layout="[batch]", holding="class ids")
         if target.dim() != 1 or target.shape[0] != prediction.shape[0]:
             raise ValueError(
@@ -295,12 +298,13 @@ class _OrdinalContrastiveLossBase(CLOCMargins, Loss):
         in_range = (y >= 0) & (y < self.n_classes)
         require(
             in_range,
-            f"labels must lie in [0, n_classes) = [0, {self.n_classes}); check n_classes or remap the labels to "
-            f"0..{self.n_classes - 1}",
+            f"labels must lie in [0, n_classes) = [0, {self.n_classes}); check n_classes or remap the labels to 0..{self.n_classes - 1}",
             detail=lambda: f" (got values in [{int(y.min())}, {int(y.max())}])",
         )
-        require(torch.isfinite(margins), "the CLOC margins are not finite (training diverged?): lower the learning rate "
-                "of the margins or use gradient clipping")
+        require(
+            torch.isfinite(margins),
+            "the CLOC margins are not finite (training diverged?): lower the learning rate of the margins or use gradient clipping",
+        )
         if self.check_finite:
             require(
                 torch.isfinite(x),
@@ -358,8 +362,10 @@ class _OrdinalContrastiveLossBase(CLOCMargins, Loss):
         return loss
 
     def extra_repr(self) -> str:
-        return (f"n_classes={self.n_classes}, reduction={self.reduction!r}, "
-                f"gather_distributed={self.gather_distributed}, check_finite={self.check_finite}")
+        return (
+            f"n_classes={self.n_classes}, reduction={self.reduction!r}, "
+            f"gather_distributed={self.gather_distributed}, check_finite={self.check_finite}"
+        )
 
 
 class OrdinalContrastiveLoss_mm(_OrdinalContrastiveLossBase, MultiMargins):  # the reference's public name

@@ -97,14 +97,18 @@ def load_learnable_map(value: LearnableMap | str | None) -> LearnableMap | None:
             try:
                 loaded = yaml.safe_load(f)
             except yaml.MarkedYAMLError as e:
-                raise ValueError(f"{invalid_yaml(value, e)}; learnable_map takes the margins YAML written by "
-                                 "CLOCMarginFreeze (<log_dir>/cloc_margins.yaml): fix the file or write it again") from None
+                raise ValueError(
+                    f"{invalid_yaml(value, e)}; learnable_map takes the margins YAML written by "
+                    "CLOCMarginFreeze (<log_dir>/cloc_margins.yaml): fix the file or write it again"
+                ) from None
     elif value.strip().startswith("["):
         try:
             loaded = yaml.safe_load(value)
         except yaml.MarkedYAMLError as e:
-            raise ValueError(f"{invalid_yaml('learnable_map', e)}; write an inline list such as "
-                             "[[fixed, 0.5], [learnable, null]] or give a margins YAML file") from None
+            raise ValueError(
+                f"{invalid_yaml('learnable_map', e)}; write an inline list such as "
+                "[[fixed, 0.5], [learnable, null]] or give a margins YAML file"
+            ) from None
     else:
         raise FileNotFoundError(
             f"learnable_map file {value!r} does not exist; pass the margins YAML written by CLOCMarginFreeze "
@@ -122,8 +126,9 @@ def load_learnable_map(value: LearnableMap | str | None) -> LearnableMap | None:
 def _check_kind(kind: Any) -> None:
     """The ``kind`` argument of ``to_learnable_map``: a :data:`MarginKind` or ``None``."""
     if kind is not None:
-        check_choice("kind", kind, MarginKind,
-                     hint="'fixed' or 'learnable' sets every margin's kind, None keeps each margin's current kind")
+        check_choice(
+            "kind", kind, MarginKind, hint="'fixed' or 'learnable' sets every margin's kind, None keeps each margin's current kind"
+        )
 
 
 def _parse_learnable_map(learnable_map: Any, n_entries: int, what: str) -> list[tuple[str, float | None]]:
@@ -152,9 +157,14 @@ def _parse_learnable_map(learnable_map: Any, n_entries: int, what: str) -> list[
                 raise ValueError(f"{where}: a 'fixed' margin needs a value, e.g. ['fixed', 0.4]")
             parsed.append((kind, None))
         else:
-            margin = check_float(f"{where}: the margin value", value, minimum=0.0, strict_minimum=True,
-                                 expect="a number > 0 or None",
-                                 hint="margins are distances between adjacent classes, finite and > 0")
+            margin = check_float(
+                f"{where}: the margin value",
+                value,
+                minimum=0.0,
+                strict_minimum=True,
+                expect="a number > 0 or None",
+                hint="margins are distances between adjacent classes, finite and > 0",
+            )
             parsed.append((kind, margin))
     return parsed
 
@@ -388,14 +398,18 @@ class CLOCMargins(nn.Module):
         if isinstance(payload, dict):
             mode = payload.get("margin_mode", cls.mode)
             if mode != cls.mode:
-                raise ValueError(f"{text!r} holds margin_mode {mode!r} margins but {cls.__name__} is margin_mode "
-                                 f"{cls.mode!r}; read it with the {mode!r} class or write the file again")
+                raise ValueError(
+                    f"{text!r} holds margin_mode {mode!r} margins but {cls.__name__} is margin_mode "
+                    f"{cls.mode!r}; read it with the {mode!r} class or write the file again"
+                )
             if n_classes is None:
                 n_classes = payload.get("n_classes")
         if n_classes is None:
             if cls.mode == "sm":
-                raise ValueError(f"{text!r} does not say n_classes and one shared margin does not tell it; "
-                                 f"pass n_classes: {cls.__name__}.from_yaml(source, n_classes=...)")
+                raise ValueError(
+                    f"{text!r} does not say n_classes and one shared margin does not tell it; "
+                    f"pass n_classes: {cls.__name__}.from_yaml(source, n_classes=...)"
+                )
             n_classes = len(learnable_map) + 1
         return cls(n_classes, learnable_map=learnable_map, **kwargs)
 
@@ -425,9 +439,7 @@ class CLOCMargins(nn.Module):
         The "Class Distances" custom-scalars layout is registered once per writer.
         """
         if writer is not None and not hasattr(writer, "add_scalar"):
-            raise TypeError(
-                f"summaryWriter must be a torch.utils.tensorboard.SummaryWriter (or None), got {type(writer).__name__}"
-            )
+            raise TypeError(f"summaryWriter must be a torch.utils.tensorboard.SummaryWriter (or None), got {type(writer).__name__}")
         if writer is self.writer and self._layout_registered:
             return
         self.writer = writer
@@ -515,7 +527,7 @@ class SingleMargin(CLOCMargins):
         return f"{cls.__name__} (a single margin)"
 
     def _build(self, entries: list[tuple[str, float | None]]) -> None:
-        (kind, value), = entries
+        ((kind, value),) = entries
         raw = _init_raw(value).float().reshape(1)
         if kind == "learnable":
             self.distance = nn.Parameter(raw)

@@ -173,8 +173,10 @@ class CORALLoss(Loss):
         if importance_weights is not None:
             w = torch.as_tensor(importance_weights, dtype=torch.float32)
             if w.shape != (self.num_classes - 1,) or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-                raise ValueError(f"importance_weights must be {self.num_classes - 1} finite numbers >= 0 (one per threshold "
-                                 f"'y > k' of num_classes={self.num_classes}), got {importance_weights!r}")
+                raise ValueError(
+                    f"importance_weights must be {self.num_classes - 1} finite numbers >= 0 (one per threshold "
+                    f"'y > k' of num_classes={self.num_classes}), got {importance_weights!r}"
+                )
             self.register_buffer("importance_weights", w)
         else:
             self.importance_weights = None
@@ -182,8 +184,9 @@ class CORALLoss(Loss):
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         if logits.dim() == 2 and logits.shape[1] != self.num_classes - 1:
-            raise ValueError(f"CORALLoss(num_classes={self.num_classes}) needs [N, {self.num_classes - 1}] logits, "
-                             f"got {tuple(logits.shape)}")
+            raise ValueError(
+                f"CORALLoss(num_classes={self.num_classes}) needs [N, {self.num_classes - 1}] logits, got {tuple(logits.shape)}"
+            )
         return coral_loss(logits, labels, self.importance_weights, self.check_finite)
 
 
@@ -204,6 +207,7 @@ class CORNLoss(Loss):
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         if logits.dim() == 2 and logits.shape[1] != self.num_classes - 1:
-            raise ValueError(f"CORNLoss(num_classes={self.num_classes}) needs [N, {self.num_classes - 1}] logits, "
-                             f"got {tuple(logits.shape)}")
+            raise ValueError(
+                f"CORNLoss(num_classes={self.num_classes}) needs [N, {self.num_classes - 1}] logits, got {tuple(logits.shape)}"
+            )
         return corn_loss(logits, labels, self.check_finite)

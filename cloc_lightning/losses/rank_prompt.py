@@ -119,9 +119,7 @@ class OrdinalCLIPLoss(Loss):
 
     def compute(self, logits: Tensor, labels: Tensor) -> LossOutput:
         """``logits [N, R]``, ``labels [N]`` → ``LossOutput(total, {"ce", "kl"})`` (see :func:`ordinal_clip_loss`)."""
-        total, parts = ordinal_clip_loss(
-            logits, labels, self.ce_weight, self.kl_weight, self.target_sharpness, self.check_finite
-        )
+        total, parts = ordinal_clip_loss(logits, labels, self.ce_weight, self.kl_weight, self.target_sharpness, self.check_finite)
         return LossOutput(total, parts)
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:

@@ -102,8 +102,11 @@ def rnc_loss(
         all_y = dist_utils.gather_no_grad(y) if distributed else y
         offset = dist_utils.local_offset(bsz, f.device) if distributed else 0
         if check_finite:  # on the gathered batch: every rank raises together
-            require(torch.isfinite(gathered), "Rank-N-Contrast loss: features contain NaN or inf (training diverged?); lower "
-                    "the learning rate, use gradient clipping, or check the inputs")
+            require(
+                torch.isfinite(gathered),
+                "Rank-N-Contrast loss: features contain NaN or inf (training diverged?); lower "
+                "the learning rate, use gradient clipping, or check the inputs",
+            )
             require(torch.isfinite(all_y), "Rank-N-Contrast loss: labels contain NaN or inf; check the data's targets")
         n_global = gathered.shape[0]
         # views, view-major: entry v * B + s is view v of sample s (anchors: this rank's views)
@@ -167,5 +170,6 @@ class RnCLoss(Loss):
         self.check_finite = bool(check_finite)
 
     def forward(self, features: Tensor, labels: Tensor) -> Tensor:
-        return rnc_loss(features, labels, self.temperature, self.label_distance, self.feature_similarity,
-                        self.gather_distributed, self.check_finite)
+        return rnc_loss(
+            features, labels, self.temperature, self.label_distance, self.feature_similarity, self.gather_distributed, self.check_finite
+        )

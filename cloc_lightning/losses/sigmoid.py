@@ -151,9 +151,7 @@ def _exp_rows_(z: torch.Tensor, out: torch.Tensor, shift: float | None) -> tuple
     return m + tot.log(), tot
 
 
-def _kl_block(
-    lb: torch.Tensor, mb: torch.Tensor, p: torch.Tensor, t: torch.Tensor, store: bool, shift: float | None
-) -> torch.Tensor:
+def _kl_block(lb: torch.Tensor, mb: torch.Tensor, p: torch.Tensor, t: torch.Tensor, store: bool, shift: float | None) -> torch.Tensor:
     """KL rows of one block; ``lb`` = rows of ``L``, ``mb`` = the same rows of ``L.T`` (both ``[k, N]``).
 
     ``p``/``t`` are scratch.  Returns ``KL_i`` ([k]).  ``mb`` is overwritten: with ``store``
@@ -205,9 +203,7 @@ def _logits(rows: torch.Tensor, cols: torch.Tensor, s: torch.Tensor) -> torch.Te
     return torch.mm(rows * s, cols.t())
 
 
-def _transposed_logits(
-    gl: torch.Tensor, xp_rows: torch.Tensor, x_cols: torch.Tensor, s: torch.Tensor, square: bool
-) -> torch.Tensor:
+def _transposed_logits(gl: torch.Tensor, xp_rows: torch.Tensor, x_cols: torch.Tensor, s: torch.Tensor, square: bool) -> torch.Tensor:
     """Rows of ``L.T - b`` for the local rows: a transposed copy of ``gl`` on one process, else a product."""
     return gl.t().clone(memory_format=torch.contiguous_format) if square else _logits(xp_rows, x_cols, s)
 
@@ -492,8 +488,7 @@ def sigmoid_contrastive_loss(
     threshold = thr if (penalty_filtering and step > warmup) else None
     if not compute_invariance and alpha_f != 0.0:
         raise ValueError(
-            f"compute_invariance=False skips the KL term, but alpha={alpha_f} adds it to the loss; "
-            "set alpha=0.0 or compute_invariance=True"
+            f"compute_invariance=False skips the KL term, but alpha={alpha_f} adds it to the loss; set alpha=0.0 or compute_invariance=True"
         )
 
     with torch.autocast(device_type=device.type, enabled=False):
@@ -508,7 +503,17 @@ def sigmoid_contrastive_loss(
         else:
             xp_cols, x_cols, offset = xpn, xn, 0
         loss_sum, kl_sum = _SigmoidContrastive.apply(
-            xn, xp_cols, xpn, x_cols, s, b_t, offset, gamma_f, threshold, alpha_f, not distributed,
+            xn,
+            xp_cols,
+            xpn,
+            x_cols,
+            s,
+            b_t,
+            offset,
+            gamma_f,
+            threshold,
+            alpha_f,
+            not distributed,
             bool(compute_invariance),
         )
         scale = _row_mean_scale(xn.shape[0], distributed, xn)
@@ -574,8 +579,7 @@ class SigmoidContrastiveLoss(Loss):
         self.gamma = check_float("gamma", gamma, minimum=0.0, hint=_HINTS["gamma"])
         self.penalty_filtering = bool(penalty_filtering)
         self.filtering_warmup_steps = check_int("filtering_warmup_steps", filtering_warmup_steps, 0)
-        self.filtering_threshold = check_float("filtering_threshold", filtering_threshold, minimum=0.0,
-                                               hint=_HINTS["filtering_threshold"])
+        self.filtering_threshold = check_float("filtering_threshold", filtering_threshold, minimum=0.0, hint=_HINTS["filtering_threshold"])
         self.gather_distributed = bool(gather_distributed)
         self.learnable = bool(learnable)
         tau_t = torch.tensor(init_tau)
@@ -602,9 +606,7 @@ class SigmoidContrastiveLoss(Loss):
         """The loss of online ``x`` [n, dim] against target ``x_prime`` [n, dim] (the parts: :meth:`compute`)."""
         return self.compute(x, x_prime, gamma, global_step).loss
 
-    def compute(
-        self, x: torch.Tensor, x_prime: torch.Tensor, gamma: float | None = None, global_step: int = -1
-    ) -> LossOutput:
+    def compute(self, x: torch.Tensor, x_prime: torch.Tensor, gamma: float | None = None, global_step: int = -1) -> LossOutput:
         """``LossOutput(loss, {"invariance": the KL term (detached; in the loss with weight alpha)})``.
 
         ``gamma`` overrides the module's exponent for this call (for schedules);

@@ -99,9 +99,7 @@ class _DenseLSE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float
-    ) -> torch.Tensor:
+    def forward(ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float) -> torch.Tensor:
         z = torch.mm(anchors * inv_t, contrast.t())
         row_max, row_sum = _self_excluded_exp_(z, self_idx)
         lse = (row_max + row_sum.log()).squeeze(1)
@@ -129,9 +127,7 @@ class _TiledLSE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float, block: int
-    ) -> torch.Tensor:
+    def forward(ctx: Any, anchors: torch.Tensor, contrast: torch.Tensor, self_idx: torch.Tensor, inv_t: float, block: int) -> torch.Tensor:
         n_a = anchors.shape[0]
         scaled = anchors * inv_t
         ct = contrast.t()
@@ -189,9 +185,7 @@ def _self_excluded_lse(
 ) -> torch.Tensor:
     """``[N_a]`` log-sum-exp of ``anchors @ contrast.T * inv_t`` per row, skipping ``self_idx``."""
     lse: torch.Tensor = (
-        _DenseLSE.apply(anchors, contrast, self_idx, inv_t)
-        if tile is None
-        else _TiledLSE.apply(anchors, contrast, self_idx, inv_t, tile)
+        _DenseLSE.apply(anchors, contrast, self_idx, inv_t) if tile is None else _TiledLSE.apply(anchors, contrast, self_idx, inv_t, tile)
     )
     return lse
 
@@ -207,17 +201,14 @@ def _check_hparams(
     temperature: Any, contrast_mode: Any, base_temperature: Any, tile_size: Any
 ) -> tuple[float, ContrastMode, float, TileSize]:
     t = _check_temperature("temperature", temperature)
-    mode = check_choice("contrast_mode", contrast_mode, ContrastMode,
-                        hint="'all': every view is an anchor, 'one': only view 0")
+    mode = check_choice("contrast_mode", contrast_mode, ContrastMode, hint="'all': every view is an anchor, 'one': only view 0")
     base_t = t if base_temperature is None else _check_temperature("base_temperature", base_temperature)
     if tile_size is not None and tile_size != "auto":
         check_int("tile_size", tile_size, 1, hint="rows per block; or None (dense) or 'auto'")
     return t, mode, base_t, tile_size
 
 
-def _check_inputs(
-    features: Any, labels: Any, mask: Any, gather_distributed: bool
-) -> None:
+def _check_inputs(features: Any, labels: Any, mask: Any, gather_distributed: bool) -> None:
     check_tensor("features", features, floating=True, non_empty=True, layout="[bsz, n_views, dim]")
     hint = (
         "for a single view use features.unsqueeze(1); for several views torch.stack([v1, v2], dim=1)"
@@ -233,8 +224,7 @@ def _check_inputs(
         check_tensor("labels", labels, dim=1, layout="[bsz]", hint="use labels.view(-1)")
         if labels.shape[0] != bsz:
             raise ValueError(
-                f"labels has {labels.shape[0]} entries but features has batch size {bsz}: one label per "
-                "sample (not per view) is expected"
+                f"labels has {labels.shape[0]} entries but features has batch size {bsz}: one label per sample (not per view) is expected"
             )
     if mask is not None:
         if gather_distributed:
@@ -397,9 +387,7 @@ def _supcon(
     tile = _choose_tile(tile_size, anchors.shape[0], n_contrast)
     lse = _self_excluded_lse(anchors, contrast, self_idx, 1.0 / temperature, tile)
     mean_pos_logit = pos_dot / (safe_n_pos * temperature)
-    per_anchor = torch.where(
-        has_pos, (temperature / base_temperature) * (lse - mean_pos_logit), torch.zeros_like(lse)
-    )
+    per_anchor = torch.where(has_pos, (temperature / base_temperature) * (lse - mean_pos_logit), torch.zeros_like(lse))
     if gather_distributed:
         return dist_utils.global_mean(per_anchor)
     return per_anchor.mean()
@@ -503,9 +491,7 @@ class SupConLoss(Loss):
         self.tile_size = tile
         self.check_finite = bool(check_finite)
 
-    def forward(
-        self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Loss of ``features`` [bsz, n_views, dim] with ``labels`` [bsz] or ``mask`` [bsz, bsz] (or neither)."""
         return supcon_loss(
             features,

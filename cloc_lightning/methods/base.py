@@ -118,8 +118,9 @@ def _check_compile_values(args: dict[str, Any]) -> None:
         if key in args:
             check_bool(f"compile_backbone.{key}", args[key], hint=hint)
     if args.get("dynamic") is not None and not isinstance(args["dynamic"], bool):
-        raise TypeError(f"compile_backbone.dynamic must be True, False or None, got {args['dynamic']!r} "
-                        "(None: torch decides which shapes are dynamic)")
+        raise TypeError(
+            f"compile_backbone.dynamic must be True, False or None, got {args['dynamic']!r} (None: torch decides which shapes are dynamic)"
+        )
     if args.get("name") is not None and not isinstance(args["name"], str):
         raise TypeError(f"compile_backbone.name must be a string or None, got {args['name']!r}")
     if args.get("recompile_limit") is not None:
@@ -132,8 +133,10 @@ def _check_compile_values(args: dict[str, Any]) -> None:
             raise TypeError(f"compile_backbone.backend must be a backend name (a string) or a callable, got {backend!r}")
         if backend not in torch._dynamo.list_backends(exclude_tags=()):
             shown = sorted(set(torch._dynamo.list_backends()) | {"eager", "aot_eager"})
-            raise ValueError(f"compile_backbone.backend must be one of {shown} (or another name that "
-                             f"torch._dynamo.list_backends(exclude_tags=()) lists), got {backend!r}")
+            raise ValueError(
+                f"compile_backbone.backend must be one of {shown} (or another name that "
+                f"torch._dynamo.list_backends(exclude_tags=()) lists), got {backend!r}"
+            )
     if backend not in (None, "inductor"):
         return  # mode and options mean what that backend makes of them
     mode, options = args.get("mode"), args.get("options")
@@ -142,25 +145,23 @@ def _check_compile_values(args: dict[str, Any]) -> None:
     import torch._inductor
 
     if mode is not None:
-        check_choice("compile_backbone.mode", mode, tuple(torch._inductor.list_mode_options()),
-                     hint="or leave mode out for 'default'")
+        check_choice("compile_backbone.mode", mode, tuple(torch._inductor.list_mode_options()), hint="or leave mode out for 'default'")
     if options is not None:
         if not isinstance(options, dict):
-            raise TypeError(f"compile_backbone.options must be a dict of inductor options such as {{max_autotune: true}}, "
-                            f"got {options!r}")
+            raise TypeError(f"compile_backbone.options must be a dict of inductor options such as {{max_autotune: true}}, got {options!r}")
         unknown = sorted(set(options) - set(torch._inductor.list_options()))
         if unknown:
             close = {k: difflib.get_close_matches(str(k), torch._inductor.list_options(), n=1) for k in unknown}
             near = "; ".join(f"{k!r}: did you mean {v[0]!r}?" for k, v in close.items() if v)
-            raise ValueError(f"compile_backbone.options: {unknown} are no inductor options "
-                             f"(torch._inductor.list_options() names them){'; ' + near if near else ''}")
+            raise ValueError(
+                f"compile_backbone.options: {unknown} are no inductor options "
+                f"(torch._inductor.list_options() names them){'; ' + near if near else ''}"
+            )
 
 
 def _channels_last_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Forward pre-hook of ``channels_last``: every 4-D tensor argument in ``torch.channels_last`` (others unchanged)."""
-    return tuple(
-        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args
-    )
+    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
 
 def _to_channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -383,7 +384,11 @@ class BaseModule(L.LightningModule):
         cls = OPTIMIZERS[h.optimizer]
         if h.optimizer == "sgd":
             return torch.optim.SGD(
-                groups, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay, nesterov=h.nesterov,
+                groups,
+                lr=h.lr,
+                momentum=h.momentum,
+                weight_decay=h.weight_decay,
+                nesterov=h.nesterov,
                 **self.optimizer_options(torch.optim.SGD),
             )
         return cls(groups, lr=h.lr, weight_decay=h.weight_decay, **self.optimizer_options(cls))
@@ -503,8 +508,11 @@ class BaseModule(L.LightningModule):
         check_checkpoint(self, checkpoint)
         trainer = self._trainer
         if self._initialised_from is not None and trainer is not None and trainer.state.fn == "fit":
-            print_line(trainer, f"init_from {self._initialised_from}: replaced by the weights of the resumed checkpoint "
-                                f"(--ckpt_path {trainer.ckpt_path}); init_from only initialises a new run")
+            print_line(
+                trainer,
+                f"init_from {self._initialised_from}: replaced by the weights of the resumed checkpoint "
+                f"(--ckpt_path {trainer.ckpt_path}); init_from only initialises a new run",
+            )
 
     # ---------------------------------------------------------------- lifecycle
     def configure_model(self) -> None:
@@ -565,8 +573,11 @@ class BaseModule(L.LightningModule):
         """
         report = load_matching_weights(self, path, exclude=tuple(self.init_from_exclude))
         take, missing, unexpected = report["loaded"], report["missing"], report["unexpected"]
-        print_line(self._trainer, f"init_from {path}: loaded {len(take)} tensors; not in the checkpoint: {len(missing)} "
-                                  f"{missing[:5]}; ignored from the checkpoint: {len(unexpected)} {unexpected[:5]}")
+        print_line(
+            self._trainer,
+            f"init_from {path}: loaded {len(take)} tensors; not in the checkpoint: {len(missing)} "
+            f"{missing[:5]}; ignored from the checkpoint: {len(unexpected)} {unexpected[:5]}",
+        )
         return report
 
     def init_from_report(self, path: str) -> dict[str, list[str]]:

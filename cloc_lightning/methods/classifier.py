@@ -94,8 +94,11 @@ class ClassifierModule(BestFinalTracking, BaseModule):
         super().setup(stage)
         data = self.datamodule_info
         if data is not None:
-            data.check_num_classes(self.num_classes, fix=f"give the model num_classes {{n}} ({type(self).__name__}(num_classes={{n}}); "
-                                                         "the command line takes it from the data module: leave model.num_classes out)")
+            data.check_num_classes(
+                self.num_classes,
+                fix=f"give the model num_classes {{n}} ({type(self).__name__}(num_classes={{n}}); "
+                "the command line takes it from the data module: leave model.num_classes out)",
+            )
         if self.val_metrics is None:
             for metrics in self._make_metrics(self.resolved_task()):
                 metrics.to(self.device)

@@ -156,9 +156,7 @@ class CLOCModule(ClassifierModule):
         margins = self.cloc_loss.optimised_parameters() if self._margins_in_optimizer else self.margin_parameters()
         if margins:
             h = self.hparams
-            groups.append(
-                {"name": "margins", "params": margins, "lr": h.margin_lr or h.lr, "weight_decay": h.margin_weight_decay}
-            )
+            groups.append({"name": "margins", "params": margins, "lr": h.margin_lr or h.lr, "weight_decay": h.margin_weight_decay})
         return groups
 
     # ---------------------------------------------------------------- margins
@@ -192,9 +190,11 @@ class CLOCModule(ClassifierModule):
         # Without ``margins_in_optimizer`` (an earlier build), the optimiser held the margins until the freeze and
         # dropped them at it: a fit resumed after the freeze builds its optimiser without them, as stored.
         self._margins_in_optimizer = bool(record.get("margins_in_optimizer", not self.margins_frozen))
-        self._stored_optimizer_sizes = [
-            sum(len(g["params"]) for g in state.get("param_groups", [])) for state in checkpoint.get("optimizer_states") or []
-        ] if self.margins_frozen and self._margins_in_optimizer else None
+        self._stored_optimizer_sizes = (
+            [sum(len(g["params"]) for g in state.get("param_groups", [])) for state in checkpoint.get("optimizer_states") or []]
+            if self.margins_frozen and self._margins_in_optimizer
+            else None
+        )
 
     def _check_resumed_optimizers(self) -> None:
         """One line naming the fix when a resumed fit's optimiser leaves out the frozen margins its checkpoint holds.
@@ -238,7 +238,7 @@ class CLOCModule(ClassifierModule):
             print_line(
                 self._trainer,
                 f"{type(self).__name__}: the data module's classes are nominal (task: nominal); CLOC's margins assume "
-                "ordered classes (class i next to i+1). Metrics and checkpoints follow the nominal task (val/acc)."
+                "ordered classes (class i next to i+1). Metrics and checkpoints follow the nominal task (val/acc).",
             )
 
     def on_fit_start(self) -> None:
@@ -301,4 +301,3 @@ class CLOCModule(ClassifierModule):
         if every and self.global_step % every == 0:  # device tensors: read only when the logger writes
             self.log_dict({f"margins/{k}": v for k, v in self.cloc_loss.margin_values().items()}, batch_size=n)
         return loss
-

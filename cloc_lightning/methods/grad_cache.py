@@ -33,7 +33,12 @@ from cloc_lightning.data_contract import DataInfo
 from cloc_lightning.losses.base import upcast
 
 __all__ = [
-    "check_mini_batch_size", "check_mini_batches", "mini_batch_slices", "chunk_backward", "rng_state", "set_rng_state",
+    "check_mini_batch_size",
+    "check_mini_batches",
+    "mini_batch_slices",
+    "chunk_backward",
+    "rng_state",
+    "set_rng_state",
     "cached_backward",
 ]
 
@@ -42,9 +47,7 @@ RNGState = tuple[torch.Tensor, "torch.Tensor | None"]
 
 def check_mini_batch_size(mini_batch_size: int | None) -> int | None:
     """A method's ``mini_batch_size`` argument: a positive integer, or ``None`` (no splitting); else a ``ValueError``."""
-    if mini_batch_size is not None and (
-        isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1
-    ):
+    if mini_batch_size is not None and (isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1):
         raise ValueError(f"mini_batch_size must be a positive integer or null (no splitting), got {mini_batch_size!r}")
     return mini_batch_size
 
@@ -173,7 +176,7 @@ def cached_backward(
         values = loss_fn(leaves)
         with torch.autocast(device_type=device.type, enabled=False):  # see chunk_backward
             grads = torch.autograd.grad(values[0], [*leaves, *params])
-    out_grads, param_grads = grads[: len(leaves)], grads[len(leaves):]
+    out_grads, param_grads = grads[: len(leaves)], grads[len(leaves) :]
     after_pass1 = rng_state(device)
     for c, sl in enumerate(slices):  # pass 2: re-forward each mini-batch with a graph; back-propagate its gradient slice
         set_rng_state(rng_states[c], device)

@@ -202,8 +202,11 @@ class LinearProbeModule(ClassifierModule):
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
         # unlabelled rows (y < 0) are ignored by the loss; the frozen encoder is in eval mode, so they change
         # nothing else (no boolean-mask indexing: that would read the device every step)
-        require(y < self.num_classes, f"a training label is >= num_classes={self.num_classes}; set --model.num_classes to the "
-                "data module's number of classes", detail=lambda: f" (largest label {int(y.max())})")
+        require(
+            y < self.num_classes,
+            f"a training label is >= num_classes={self.num_classes}; set --model.num_classes to the data module's number of classes",
+            detail=lambda: f" (largest label {int(y.max())})",
+        )
         logits = self(x)
         loss, acc = masked_cross_entropy(upcast(logits), y, self.num_classes)  # float32, or float64 under 64-true
         n = y.shape[0]

@@ -47,7 +47,10 @@ LRInterval = Literal["step", "epoch"]
 
 #: ``--model.optimizer`` name -> optimiser class
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "radam": torch.optim.RAdam,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "radam": torch.optim.RAdam,
 }
 
 
@@ -269,8 +272,17 @@ def build_lr_scheduler(
 
     def factor(step: int) -> float:
         return lr_factor(
-            step, total, per_epoch, h["scheduler"], h["warmup_epochs"], h["min_lr_ratio"], milestones, h["lr_gamma"],
-            interval=h["lr_interval"], warmup_start=warmup_start, max_epochs=max_epochs,
+            step,
+            total,
+            per_epoch,
+            h["scheduler"],
+            h["warmup_epochs"],
+            h["min_lr_ratio"],
+            milestones,
+            h["lr_gamma"],
+            interval=h["lr_interval"],
+            warmup_start=warmup_start,
+            max_epochs=max_epochs,
         )
 
     return ScheduleLR(optimizer, factor)

@@ -194,16 +194,18 @@ class OrdinalCLIPModule(ClassifierModule):
         check_choice("image_encoder", image_encoder, ImageEncoderKind)
         check_choice("head", head, HeadKind)
         if clip_config is not None and not isinstance(clip_config, dict):
-            raise TypeError(
-                f"clip_config must be a dict of open_clip model-config overrides, got {type(clip_config).__name__}"
-            )
+            raise TypeError(f"clip_config must be a dict of open_clip model-config overrides, got {type(clip_config).__name__}")
         if clip_config and pretrained is not None and not os.path.isfile(os.path.expanduser(str(pretrained))):
             raise ValueError(
                 f"clip_config changes the architecture of {clip_model!r}, so pretrained={pretrained!r} (a tag of the "
                 "named architecture) cannot be loaded into it; use pretrained: null or a checkpoint file path"
             )
-        for name, value in (("context_lr", context_lr), ("rank_lr", rank_lr), ("image_encoder_lr", image_encoder_lr),
-                            ("logit_scale_lr", logit_scale_lr)):
+        for name, value in (
+            ("context_lr", context_lr),
+            ("rank_lr", rank_lr),
+            ("image_encoder_lr", image_encoder_lr),
+            ("logit_scale_lr", logit_scale_lr),
+        ):
             if value is not None:
                 check_float(name, value, minimum=0.0, allow_inf=True, expect="a number >= 0 (or null for the base lr)")
         if logit_scale is not None:
@@ -220,9 +222,7 @@ class OrdinalCLIPModule(ClassifierModule):
         super().__init__(num_classes=num_classes, optimizer=optimizer, lr=lr, **kwargs)
         self._loaded_clip = None  # build_head has taken what it needs; a subclass's head may not have
         #: projection of timm features to D (identity for CLIP's visual tower, which ends at D)
-        self.image_proj: nn.Module = (
-            nn.Linear(self.feature_dim, self.embed_dim) if image_encoder == "timm" else nn.Identity()
-        )
+        self.image_proj: nn.Module = nn.Linear(self.feature_dim, self.embed_dim) if image_encoder == "timm" else nn.Identity()
         self.criterion = OrdinalCLIPLoss(**loss_kwargs)
 
     # ------------------------------------------------------------------ building
@@ -344,7 +344,10 @@ class OrdinalCLIPModule(ClassifierModule):
         h = self.hparams
         if h.optimizer == "radam":
             return torch.optim.RAdam(
-                groups, lr=h.lr, weight_decay=h.weight_decay, decoupled_weight_decay=True,
+                groups,
+                lr=h.lr,
+                weight_decay=h.weight_decay,
+                decoupled_weight_decay=True,
                 **self.optimizer_options(torch.optim.RAdam),
             )
         return super().build_optimizer(groups)
@@ -371,8 +374,7 @@ class OrdinalCLIPModule(ClassifierModule):
         else:
             groups.append({"name": "prototypes", "params": [self.head.weight], "lr": lr(h.rank_lr)})
         if h.learn_logit_scale:
-            groups.append({"name": "logit_scale", "params": [self.head.logit_scale], "lr": lr(h.logit_scale_lr),
-                           "weight_decay": 0.0})
+            groups.append({"name": "logit_scale", "params": [self.head.logit_scale], "lr": lr(h.logit_scale_lr), "weight_decay": 0.0})
         seen = {id(p) for g in groups for p in g["params"]}
         other = [p for p in self.parameters() if p.requires_grad and id(p) not in seen]
         if other:
@@ -433,7 +435,7 @@ class OrdinalCLIPModule(ClassifierModule):
                 "with image_encoder: timm to probe its backbone"
             )
         state = checkpoint.get("state_dict") or {}
-        return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        return {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
         """``{'pred': argmax rank, 'expected': sum softmax·rank, 'probs': [B, R], 'target'}``, as the export predicts."""
@@ -458,17 +460,26 @@ class OrdinalCLIPModule(ClassifierModule):
         if type(self).build_backbone is not OrdinalCLIPModule.build_backbone:
             return None  # a subclass builds its own encoder: only pickling is safe
         if h.image_encoder == "timm":
-            return {"name": "timm_projected", "kwargs": {
-                "backbone": h.backbone, "embed_dim": int(self.embed_dim), "cifar_stem": bool(h.cifar_stem),
-                "backbone_kwargs": copy.deepcopy(dict(h.backbone_kwargs or {})),
-            }}
+            return {
+                "name": "timm_projected",
+                "kwargs": {
+                    "backbone": h.backbone,
+                    "embed_dim": int(self.embed_dim),
+                    "cifar_stem": bool(h.cifar_stem),
+                    "backbone_kwargs": copy.deepcopy(dict(h.backbone_kwargs or {})),
+                },
+            }
         arch = self._clip_arch()
         if arch is None or "vision_cfg" not in arch:
             return None
-        return {"name": "open_clip_visual", "kwargs": {
-            "embed_dim": int(arch["embed_dim"]), "vision_cfg": copy.deepcopy(dict(arch["vision_cfg"])),
-            "quick_gelu": bool(arch.get("quick_gelu", False)),
-        }}
+        return {
+            "name": "open_clip_visual",
+            "kwargs": {
+                "embed_dim": int(arch["embed_dim"]),
+                "vision_cfg": copy.deepcopy(dict(arch["vision_cfg"])),
+                "quick_gelu": bool(arch.get("quick_gelu", False)),
+            },
+        }
 
     def image_encoder_module(self) -> nn.Module:
         """A copy of the image encoder as one module ``[B, 3, H, W] -> [B, D]`` (as exported)."""
@@ -494,9 +505,7 @@ class OrdinalCLIPModule(ClassifierModule):
         encoder = self.image_encoder_module().cpu().eval()
         return PrototypeClassifier(encoder, prototypes, scale, rank_values, self.encoder_builder()).eval()
 
-    def export_prototypes(
-        self, path: str | os.PathLike[str], rank_values: Tensor | list[float] | None = None
-    ) -> PrototypeClassifier:
+    def export_prototypes(self, path: str | os.PathLike[str], rank_values: Tensor | list[float] | None = None) -> PrototypeClassifier:
         """Write image encoder + ``[R, D]`` prototypes to ``path`` (no text encoder); return the classifier.
 
         Load with :meth:`PrototypeClassifier.load(path) <cloc_lightning.nn.prototype_classifier.PrototypeClassifier.load>`

@@ -241,7 +241,6 @@ class MultiViewModule(PretrainModule):
     projector: nn.Module
     criterion: nn.Module
 
-
     @staticmethod
     def check_projector_dims(projector_dim: int | None, projector_hidden_dim: int | None, none_means: str = "") -> None:
         """Check the widths of an MLP projector before anything is built.
@@ -263,6 +262,7 @@ class MultiViewModule(PretrainModule):
         if h.projector_dim is None:
             return nn.Identity()
         return MLPHead(self.feature_dim, h.projector_hidden_dim or self.feature_dim, h.projector_dim, normalize=normalize)
+
     def setup(self, stage: str) -> None:
         """Check the data module's views; then ``init_from`` and the online probe (:class:`PretrainModule`)."""
         data = self.datamodule_info

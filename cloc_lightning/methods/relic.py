@@ -194,8 +194,13 @@ class ReLICModule(MomentumModule):
         check_mini_batch_size(mini_batch_size)
         check_choice("negatives", negatives, Negatives)
         super().__init__(
-            lr=lr, weight_decay=weight_decay, scheduler=scheduler, online_probe_lr=online_probe_lr, knn_k=knn_k,
-            update_beta_after_step=update_beta_after_step, **kwargs,
+            lr=lr,
+            weight_decay=weight_decay,
+            scheduler=scheduler,
+            online_probe_lr=online_probe_lr,
+            knn_k=knn_k,
+            update_beta_after_step=update_beta_after_step,
+            **kwargs,
         )
         self.num_global_views = num_global_views
         self.num_local_views = num_local_views
@@ -385,7 +390,9 @@ class ReLICModule(MomentumModule):
         self._log_train(loss, invariance, probe_logs, gamma, step, bsz)
         return total
 
-    def _log_train(self, loss: torch.Tensor, invariance: torch.Tensor, probe_logs: dict[str, torch.Tensor], gamma: float, step: int, bsz: int) -> None:
+    def _log_train(
+        self, loss: torch.Tensor, invariance: torch.Tensor, probe_logs: dict[str, torch.Tensor], gamma: float, step: int, bsz: int
+    ) -> None:
         crit = self.criterion
         tau = getattr(crit, "tau", None)
         b = getattr(crit, "b", None)

@@ -102,7 +102,11 @@ class SupConModule(MultiViewModule):
             raise ValueError("simclr needs n_views >= 2 (the positives are the other views of the same image)")
         self.check_projector_dims(projector_dim, projector_hidden_dim)
         super().__init__(
-            optimizer=optimizer, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
+            optimizer=optimizer,
+            lr=lr,
+            weight_decay=weight_decay,
+            warmup_epochs=warmup_epochs,
+            min_lr_ratio=min_lr_ratio,
             **kwargs,
         )
         self.method = method

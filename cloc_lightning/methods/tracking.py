@@ -111,8 +111,11 @@ class BestFinalTracking(_LightningModule):
         """``<summary_name>: val/acc final 0.8712 (epoch 99), best 0.8760 (epoch 87)`` (empty before any validation)."""
         parts = [
             f"{name} final {e['final']:.4f} (epoch {int(e['final_epoch'])}), "
-            + (f"best {e['best']:.4f} (epoch {int(e['best_epoch'])})" if math.isfinite(e["best"])
-               else "best none (no epoch had a finite value: the run diverged)")
+            + (
+                f"best {e['best']:.4f} (epoch {int(e['best_epoch'])})"
+                if math.isfinite(e["best"])
+                else "best none (no epoch had a finite value: the run diverged)"
+            )
             for name, e in self.val_summary.items()
         ]
         if not parts:

@@ -206,8 +206,7 @@ def resolve_clip_model(clip_model: str, pretrained: str | os.PathLike[str] | Non
             f"write clip_model: {candidate} to silence this note."
         )
         return candidate, note
-    tags = [t for t in list_pretrained_tags_by_model(name)
-            if bool(get_pretrained_cfg(name, t).get("quick_gelu", False)) == have]
+    tags = [t for t in list_pretrained_tags_by_model(name) if bool(get_pretrained_cfg(name, t).get("quick_gelu", False)) == have]
     raise ValueError(
         f"pretrained={pretrained!r} was trained with quick_gelu={want} but {clip_model!r} builds quick_gelu={have}, "
         f"and open_clip registers no variant of {clip_model!r} with quick_gelu={want} for that tag, so the weights "

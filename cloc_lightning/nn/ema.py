@@ -37,7 +37,12 @@ from torch import nn
 from cloc_lightning.validation import check_choice, check_int
 
 __all__ = [
-    "BetaSchedule", "EMATarget", "cosine_beta", "scl_train_beta_horizon", "scl_train_beta", "ema_update_",
+    "BetaSchedule",
+    "EMATarget",
+    "cosine_beta",
+    "scl_train_beta_horizon",
+    "scl_train_beta",
+    "ema_update_",
     "copy_module_state_",
 ]
 

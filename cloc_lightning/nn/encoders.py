@@ -80,7 +80,9 @@ def get_encoder_builder(name: Any, needed_by: str | None = None) -> Callable[...
     """
     builder = ENCODER_BUILDERS.get(name) if isinstance(name, str) else None
     if builder is None:
-        what = f"{needed_by} needs the encoder builder {name!r}, which is not registered" if needed_by else f"unknown encoder builder {name!r}"
+        what = (
+            f"{needed_by} needs the encoder builder {name!r}, which is not registered" if needed_by else f"unknown encoder builder {name!r}"
+        )
         raise ValueError(
             f"{what} (registered: {sorted(ENCODER_BUILDERS)}); import the module that registers it, or register it "
             f"with cloc_lightning.nn.encoders.register_encoder_builder({name!r}, builder)"

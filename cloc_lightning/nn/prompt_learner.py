@@ -50,7 +50,11 @@ def _check_ranks(num_ranks: Any, num_base_ranks: Any) -> None:
     """R >= 2 ranks from 1 <= B <= R base ranks."""
     check_int("num_ranks", num_ranks, 2, hint="an ordinal problem needs at least two ranks")
     check_int(
-        "num_base_ranks", num_base_ranks, 1, maximum=num_ranks, expect=f"an int in [1, num_ranks={num_ranks}]",
+        "num_base_ranks",
+        num_base_ranks,
+        1,
+        maximum=num_ranks,
+        expect=f"an int in [1, num_ranks={num_ranks}]",
         hint="the base rank embeddings are interpolated to all ranks; the reference uses a few (e.g. 3)",
     )
 

@@ -143,9 +143,7 @@ class PrototypeClassifier(nn.Module):
         """``[N, ...]`` images → ``[N, R]`` float32 logits ``exp(logit_scale) * cos(f(x), prototypes)``."""
         feats = self.image_encoder(images)
         if feats.dim() != 2 or feats.shape[1] != self.prototypes.shape[1]:
-            raise ValueError(
-                f"image encoder gives features of shape {tuple(feats.shape)}, expected [N, {self.prototypes.shape[1]}]"
-            )
+            raise ValueError(f"image encoder gives features of shape {tuple(feats.shape)}, expected [N, {self.prototypes.shape[1]}]")
         return self.logits_from_features(feats)
 
     def logits_from_features(self, features: Tensor) -> Tensor:
@@ -180,9 +178,7 @@ class PrototypeClassifier(nn.Module):
         torch.save(payload, path)
 
     @classmethod
-    def load(
-        cls, path: str | Any, map_location: str | torch.device = "cpu", allow_pickle: bool = True
-    ) -> PrototypeClassifier:
+    def load(cls, path: str | Any, map_location: str | torch.device = "cpu", allow_pickle: bool = True) -> PrototypeClassifier:
         """Load a file written by :meth:`save`; the classifier is returned in eval mode.
 
         Args:
@@ -203,9 +199,7 @@ class PrototypeClassifier(nn.Module):
         if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
             raise ValueError(f"{path} is not a PrototypeClassifier export (written by PrototypeClassifier.save)")
         if payload.get("version", 0) > _FORMAT_VERSION:
-            raise ValueError(
-                f"{path} has format version {payload['version']} > {_FORMAT_VERSION}; upgrade cloc-lightning"
-            )
+            raise ValueError(f"{path} has format version {payload['version']} > {_FORMAT_VERSION}; upgrade cloc-lightning")
         builder = payload.get("encoder_builder")
         if builder is not None:
             encoder = get_encoder_builder(builder["name"], needed_by=str(path))(**builder["kwargs"])

@@ -185,4 +185,3 @@ def logits_to_predictions(
     if kind == "expectation":
         return torch.softmax(logits, dim=-1) @ rank_values
     return rank_values[logits.argmax(dim=-1)]
-

@@ -190,4 +190,3 @@ def bpe_ids(tokenizer: Any, text: str) -> list[int]:
             "sot_token_id, eot_token_id); pass open_clip.get_tokenizer(<CLIP model>) or leave tokenizer=None."
         )
     return [int(t) for t in enc(text)]
-

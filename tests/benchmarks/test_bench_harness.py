@@ -59,6 +59,9 @@ def test_runner_lists_selects_and_combines(tmp_path: Path, capsys: pytest.Captur
     assert "## Environment of this run" in text and "| torch |" in text
     for n in names:
         assert f'<a id="{n.replace("_", "-")}"></a>' in text or "never measured" in text
-    md = combined_readme("python -m benchmarks", {"cloc": "<!-- produced by: python -m benchmarks.bench_cloc -->\n\n# T\n\n| a |\n|---|"},
-                         {"cloc": "measured now (1 s)"})
+    md = combined_readme(
+        "python -m benchmarks",
+        {"cloc": "<!-- produced by: python -m benchmarks.bench_cloc -->\n\n# T\n\n| a |\n|---|"},
+        {"cloc": "measured now (1 s)"},
+    )
     assert "Command: `python -m benchmarks.bench_cloc`" in md and "\n## T" in md and "| [cloc](#cloc) |" in md

@@ -25,6 +25,8 @@ _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps
 
 
 _trainer = functools.partial(cpu_trainer, max_epochs=4, limit_train_batches=2, limit_val_batches=2)
+
+
 class WorseEveryEpoch(L.Callback):
     """Adds a growing offset to the monitored metric, so only epoch 0 is ever the best."""
 

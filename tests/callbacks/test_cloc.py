@@ -21,6 +21,8 @@ _dm = tiny_shapes  # 4 classes, 64/32/32 images, batches of 16: 4 training steps
 
 
 _trainer = functools.partial(logged_trainer, max_epochs=2)
+
+
 def test_freeze_mid_run_keeps_margins_and_writes_yaml(tmp_path: Path) -> None:
     m = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, margin_lr=0.05, log_margins_every_n_steps=1)
     freeze, plot = CLOCMarginFreeze(freeze_at_epoch=1), CLOCMarginPlot(every_n_steps=1)

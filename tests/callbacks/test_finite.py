@@ -29,8 +29,10 @@ from cloc_lightning.checks import DeferredChecks
 @pytest.mark.parametrize("seed", range(6))
 def test_grads_finite_equals_the_per_tensor_reference(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(int(torch.randint(1, 50, (1,), generator=g)), generator=g) * 10.0 ** float(torch.randint(-20, 18, (1,), generator=g))
-             for _ in range(5)]
+    grads = [
+        torch.randn(int(torch.randint(1, 50, (1,), generator=g)), generator=g) * 10.0 ** float(torch.randint(-20, 18, (1,), generator=g))
+        for _ in range(5)
+    ]
     grads.append(torch.randn(7, dtype=torch.float64, generator=g))  # a second dtype: its own fused group
     if seed % 3 == 1:
         grads[seed % 5].view(-1)[0] = math.nan
@@ -59,8 +61,12 @@ def _limits(max_epochs: Any = 2, max_steps: Any = -1, limit_train_batches: Any =
 
 @pytest.mark.parametrize(
     ("setting", "value", "what"),
-    [("max_epochs", 0, "0 epochs"), ("max_steps", 0, "0 optimiser steps"), ("limit_train_batches", 0, "0 batches"),
-     ("limit_train_batches", 0.0, "0 batches")],
+    [
+        ("max_epochs", 0, "0 epochs"),
+        ("max_steps", 0, "0 optimiser steps"),
+        ("limit_train_batches", 0, "0 batches"),
+        ("limit_train_batches", 0.0, "0 batches"),
+    ],
 )
 def test_check_trains_something_refuses_each_zero(setting: str, value: Any, what: str) -> None:
     with pytest.raises(ValueError, match=rf"^M: trainer.{setting}={value}: fit would train on {what}.*cloc-lightning validate"):
@@ -82,9 +88,16 @@ class _Module(nn.Module):
 
 
 def _trainer(**kw: Any) -> Any:
-    t = SimpleNamespace(precision_plugin=SimpleNamespace(), is_global_zero=True, progress_bar_callback=None,
-                        sanity_checking=False, state=SimpleNamespace(fn="fit"), callback_metrics={},
-                        checkpoint_callbacks=[], ckpt_path=None)
+    t = SimpleNamespace(
+        precision_plugin=SimpleNamespace(),
+        is_global_zero=True,
+        progress_bar_callback=None,
+        sanity_checking=False,
+        state=SimpleNamespace(fn="fit"),
+        callback_metrics={},
+        checkpoint_callbacks=[],
+        ckpt_path=None,
+    )
     t.__dict__.update(kw)
     return t
 
@@ -141,7 +154,9 @@ def test_test_warning_names_the_metrics_and_the_weights(capsys: pytest.CaptureFi
     cb = FiniteChecks()
     cb.on_test_end(_trainer(callback_metrics={"test/mae": torch.tensor(0.3), "val/x": torch.tensor(math.nan)}), _Module())  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""
-    cb.on_test_end(_trainer(callback_metrics={"test/mae": torch.tensor(math.nan), "test/acc": torch.tensor(math.inf)},
-                            ckpt_path="best.ckpt"), _Module())  # type: ignore[arg-type]
+    cb.on_test_end(
+        _trainer(callback_metrics={"test/mae": torch.tensor(math.nan), "test/acc": torch.tensor(math.inf)}, ckpt_path="best.ckpt"),
+        _Module(),
+    )  # type: ignore[arg-type]
     err = capsys.readouterr().err
     assert "the test metrics ['test/acc', 'test/mae'] are NaN/inf: the weights of best.ckpt" in err

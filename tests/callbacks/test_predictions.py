@@ -29,10 +29,14 @@ def _part(path: Path, rows: list[list[Any]], header: list[str] | None = None) ->
 
 def test_merge_prediction_parts_sorts_by_index_and_drops_duplicates(tmp_path: Path) -> None:
     parts = [
-        _part(tmp_path / "p.rank0.csv", [[0, "a.png", 1, "0.9", "0.1", "0.9"], [2, "c.png", 0, "0.2", "0.8", "0.2"],
-                                         [4, "e.png", 1, "0.6", "0.4", "0.6"]]),
-        _part(tmp_path / "p.rank1.csv", [[1, "b.png", 0, "0.1", "0.9", "0.1"], [3, "d.png", 1, "0.7", "0.3", "0.7"],
-                                         [2, "c.png", 0, "0.2", "0.8", "0.2"]]),  # a repeated sample
+        _part(
+            tmp_path / "p.rank0.csv",
+            [[0, "a.png", 1, "0.9", "0.1", "0.9"], [2, "c.png", 0, "0.2", "0.8", "0.2"], [4, "e.png", 1, "0.6", "0.4", "0.6"]],
+        ),
+        _part(
+            tmp_path / "p.rank1.csv",
+            [[1, "b.png", 0, "0.1", "0.9", "0.1"], [3, "d.png", 1, "0.7", "0.3", "0.7"], [2, "c.png", 0, "0.2", "0.8", "0.2"]],
+        ),  # a repeated sample
         _part(tmp_path / "p.rank2.csv", []),  # a rank that got no sample
     ]
     assert merge_prediction_parts(parts, str(tmp_path / "p.csv")) == 5
@@ -69,8 +73,9 @@ def _outputs(indices: list[list[int]]) -> list[dict[str, torch.Tensor]]:
     outs = []
     for batch in indices:
         probs = torch.full((len(batch), 3), 1 / 3)
-        outs.append({"pred": torch.tensor(batch) % 3, "expected": torch.ones(len(batch)), "probs": probs,
-                     "target": torch.tensor(batch) % 3})
+        outs.append(
+            {"pred": torch.tensor(batch) % 3, "expected": torch.ones(len(batch)), "probs": probs, "target": torch.tensor(batch) % 3}
+        )
     return outs
 
 
@@ -86,7 +91,6 @@ def test_writer_under_ddp_every_rank_makes_the_same_collective_calls(tmp_path: P
         assert rank.collectives == ["log_dir", "barrier PredictionWriter.parts", "barrier PredictionWriter.merged"]
     with open(tmp_path / "logs" / "predictions.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert [(r["index"], r["path"], r["target"]) for r in rows] == [("1", "img1.png", "1"), ("3", "img3.png", "0"),
-                                                                     ("5", "img5.png", "2")]
+    assert [(r["index"], r["path"], r["target"]) for r in rows] == [("1", "img1.png", "1"), ("3", "img3.png", "0"), ("5", "img5.png", "2")]
     assert writers[0].written == str(tmp_path / "logs" / "predictions.csv")
     assert not list((tmp_path / "logs").glob("predictions.rank*.csv"))

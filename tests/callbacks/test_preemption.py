@@ -35,8 +35,7 @@ def _fit(root: Path, sigterm_at: int | None = None, ckpt: str | None = None) -> 
     model = CLOCModule(num_classes=4, **SMALL, margin_lr=0.05)
     dm = _shapes(augment="crop_flip", batch_size=16, train_size=16 * STEPS_PER_EPOCH)
     callbacks: list[L.Callback] = [] if sigterm_at is None else [SignalAtStep(sigterm_at)]
-    trainer = cpu_trainer(root, max_epochs=2, limit_val_batches=1, num_sanity_val_steps=0, deterministic=True,
-                          callbacks=callbacks)
+    trainer = cpu_trainer(root, max_epochs=2, limit_val_batches=1, num_sanity_val_steps=0, deterministic=True, callbacks=callbacks)
     raised: BaseException | None = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -65,15 +64,17 @@ def test_sigterm_mid_epoch_saves_a_checkpoint_exits_non_zero_and_resumes_exactly
     assert raised is None and trainer.global_step == 2 * STEPS_PER_EPOCH
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
     assert_same(trainer.optimizers[0].state_dict(), full_trainer.optimizers[0].state_dict(), "optimizer")
-    assert_same(trainer.lr_scheduler_configs[0].scheduler.state_dict(),
-                full_trainer.lr_scheduler_configs[0].scheduler.state_dict(), "lr_scheduler")
+    assert_same(
+        trainer.lr_scheduler_configs[0].scheduler.state_dict(), full_trainer.lr_scheduler_configs[0].scheduler.state_dict(), "lr_scheduler"
+    )
 
 
 def test_preemption_checkpoint_is_added_once_and_checks_its_exit_code(tmp_path: Path) -> None:
     mine = PreemptionCheckpoint(exit_code=99)
     L.seed_everything(0, verbose=False)
-    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0, num_sanity_val_steps=0,
-                          callbacks=[mine, SignalAtStep(1)])
+    trainer = cpu_trainer(
+        tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[mine, SignalAtStep(1)]
+    )
     with warnings.catch_warnings(), pytest.raises(Preempted) as info:
         warnings.simplefilter("ignore")
         trainer.fit(CLOCModule(num_classes=4, **SMALL), datamodule=_shapes())
@@ -88,19 +89,32 @@ def _cli_cfg(tmp_path: Path, name: str, sigterm_at: int | None) -> Path:
     cfg: dict[str, Any] = {
         "seed_everything": 0,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_epochs": 2, "deterministic": True, "log_every_n_steps": 1,
-            "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 1,
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_epochs": 2,
+            "deterministic": True,
+            "log_every_n_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "limit_val_batches": 1,
             "num_sanity_val_steps": 0,
-            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                       "init_args": {"save_dir": "runs", "name": name}},
-            "callbacks": [] if sigterm_at is None else [
-                {"class_path": "tests._faults.SignalAtStep", "init_args": {"step": sigterm_at}}],
+            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": "runs", "name": name}},
+            "callbacks": [] if sigterm_at is None else [{"class_path": "tests._faults.SignalAtStep", "init_args": {"step": sigterm_at}}],
         },
-        "model": {"class_path": "cloc_lightning.methods.CLOCModule",
-                  "init_args": {"num_classes": 4, **SMALL, "margin_lr": 0.05}},
-        "data": {"class_path": "cloc_lightning.data.OrdinalShapesDataModule", "init_args": {
-            "num_classes": 4, "train_size": 16 * STEPS_PER_EPOCH, "val_size": 8, "test_size": 8, "batch_size": 16,
-            "num_workers": 0, "augment": "crop_flip", "image_size": 32}},
+        "model": {"class_path": "cloc_lightning.methods.CLOCModule", "init_args": {"num_classes": 4, **SMALL, "margin_lr": 0.05}},
+        "data": {
+            "class_path": "cloc_lightning.data.OrdinalShapesDataModule",
+            "init_args": {
+                "num_classes": 4,
+                "train_size": 16 * STEPS_PER_EPOCH,
+                "val_size": 8,
+                "test_size": 8,
+                "batch_size": 16,
+                "num_workers": 0,
+                "augment": "crop_flip",
+                "image_size": 32,
+            },
+        },
     }
     path = tmp_path / f"{name}_{sigterm_at}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -108,8 +122,9 @@ def _cli_cfg(tmp_path: Path, name: str, sigterm_at: int | None) -> Path:
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cloc_lightning", *args], cwd=tmp_path, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cloc_lightning", *args], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -139,7 +154,14 @@ def test_cli_sigterm_outside_the_training_loop_exits_non_zero(tmp_path: Path) ->
     """A SIGTERM in a fit's sanity-check validation (Lightning's own handler still runs there): Lightning's
     ``SIGTERMException`` exited 0; the command now exits 143 and says why."""
     cfg = _cli_cfg(tmp_path, "sanity", None)
-    proc = _cli(tmp_path, "fit", "--config", str(cfg), "--trainer.num_sanity_val_steps", "1",
-                "--trainer.callbacks+=tests._faults.SignalInSanityCheck")
+    proc = _cli(
+        tmp_path,
+        "fit",
+        "--config",
+        str(cfg),
+        "--trainer.num_sanity_val_steps",
+        "1",
+        "--trainer.callbacks+=tests._faults.SignalInSanityCheck",
+    )
     assert proc.returncode == SIGTERM_EXIT_CODE, (proc.returncode, proc.stderr[-3000:])
     assert "SIGTERM" in proc.stderr and "Epoch 0" not in proc.stdout

@@ -41,9 +41,23 @@ def test_python_m_and_config_file(tmp_path: Path) -> None:
     cfg = REPO / "configs" / "ce" / "demo.yaml"
     out = run_cli(
         [
-            "fit", "--config", str(cfg), "--model.backbone", TINY_BACKBONE, "--data.train_size", "64", "--data.val_size", "32",
-            "--data.test_size", "32", "--data.num_workers", "0", "--trainer.max_epochs", "1",
-            "--trainer.enable_progress_bar", "false",
+            "fit",
+            "--config",
+            str(cfg),
+            "--model.backbone",
+            TINY_BACKBONE,
+            "--data.train_size",
+            "64",
+            "--data.val_size",
+            "32",
+            "--data.test_size",
+            "32",
+            "--data.num_workers",
+            "0",
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
         ],
         tmp_path,
     ).stdout
@@ -76,10 +90,27 @@ def test_typo_in_yaml_config_fails(tmp_path: Path) -> None:
 def test_ce_utkface_config_trains_and_reports(tmp_path: Path) -> None:
     out = run_cli(
         [
-            "fit", "--config", str(REPO / "configs" / "ce" / "utkface.yaml"), "--data.root", str(UTKFACE),
-            "--model.backbone", TINY_BACKBONE, "--data.image_size", "32", "--trainer.max_epochs", "1",
-            "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
-            "--data.num_workers", "0", "--trainer.enable_progress_bar", "false",
+            "fit",
+            "--config",
+            str(REPO / "configs" / "ce" / "utkface.yaml"),
+            "--data.root",
+            str(UTKFACE),
+            "--model.backbone",
+            TINY_BACKBONE,
+            "--data.image_size",
+            "32",
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.limit_train_batches",
+            "3",
+            "--trainer.limit_val_batches",
+            "2",
+            "--trainer.limit_test_batches",
+            "2",
+            "--data.num_workers",
+            "0",
+            "--trainer.enable_progress_bar",
+            "false",
         ],
         tmp_path,
     ).stdout
@@ -120,7 +151,11 @@ def test_every_shipped_config_parses(tmp_path: Path) -> None:
     configs = sorted(str(p) for p in (REPO / "configs").rglob("*.yaml"))
     assert len(configs) >= 10
     proc = subprocess.run(
-        [sys.executable, "-c", _CHECK_CONFIGS, *configs], cwd=REPO, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", _CHECK_CONFIGS, *configs],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**__import__("os").environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -16,10 +16,32 @@ from tests._reliability import _tiny_cli_config
 from tests.conftest import TINY_BACKBONE, run_cli
 
 MODEL = ["--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
-DATA = ["--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8",
-        "--data.test_size", "8", "--data.batch_size", "8", "--data.num_workers", "0", "--data.image_size", "16",
-        "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--trainer.logger.init_args.save_dir", "runs"]
+DATA = [
+    "--data",
+    "OrdinalShapesDataModule",
+    "--data.num_classes",
+    "4",
+    "--data.train_size",
+    "16",
+    "--data.val_size",
+    "8",
+    "--data.test_size",
+    "8",
+    "--data.batch_size",
+    "8",
+    "--data.num_workers",
+    "0",
+    "--data.image_size",
+    "16",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.logger.init_args.save_dir",
+    "runs",
+]
 
 
 def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
@@ -35,18 +57,28 @@ def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> st
     return out.err
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["fit", *MODEL, "--model.learning_rate", "0.1", *DATA],
-     "error: --model.learning_rate: CEModule has no such argument; did you mean --model.lr"),
-    (["fit", *MODEL, *DATA, "--trainer.max_epochz", "2"],
-     "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs"),
-    (["fit", "--config", "missing.yaml"], "error: --config: no such file: "),
-    (["fit", "--config", "bad.yaml"], "error: bad.yaml:4:8: invalid YAML: expected ',' or ']'"),
-    (["fit", "--model", "CEModule", "--model.num_classes", "eight", *DATA],
-     "error: --model.num_classes: expected int, got 'eight' (CEModule)"),
-])
-def test_parse_errors_are_one_line(args: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["fit", *MODEL, "--model.learning_rate", "0.1", *DATA],
+            "error: --model.learning_rate: CEModule has no such argument; did you mean --model.lr",
+        ),
+        (
+            ["fit", *MODEL, *DATA, "--trainer.max_epochz", "2"],
+            "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs",
+        ),
+        (["fit", "--config", "missing.yaml"], "error: --config: no such file: "),
+        (["fit", "--config", "bad.yaml"], "error: bad.yaml:4:8: invalid YAML: expected ',' or ']'"),
+        (
+            ["fit", "--model", "CEModule", "--model.num_classes", "eight", *DATA],
+            "error: --model.num_classes: expected int, got 'eight' (CEModule)",
+        ),
+    ],
+)
+def test_parse_errors_are_one_line(
+    args: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.yaml").write_text("model:\n  class_path: CEModule\n  init_args: [num_classes: 4\ntrainer: {\n")
     err = _fails(args, capsys, 2)
@@ -66,27 +98,41 @@ def test_debug_shows_the_parsers_full_message(capsys: pytest.CaptureFixture[str]
 CLOC = ["--model", "CLOCModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
 
 
-@pytest.mark.parametrize(("args", "code", "expected"), [
-    # the second of two --config files
-    (["fit", "--config", "good.yaml", "--config", "bad.yaml"], 2,
-     "error: bad.yaml:4:8: invalid YAML: expected ',' or ']'"),
-    # inline values: the option in place of a file
-    (["fit", "--model", "{init_args:", *DATA], 2, "error: --model:1:12: invalid YAML: expected the node content"),
-    (["fit", *MODEL, *DATA, "--trainer={max_epochs:"], 2, "error: --trainer:1:13: invalid YAML: expected the node content"),
-    (["fit", *MODEL, *DATA, "--model.init_args.lr", "[1,"], 2,
-     "error: --model.init_args.lr:1:4: invalid YAML: expected the node content"),
-    # a text option may hold what is no YAML (a checkpoint filename template): only the refused key's value is blamed
-    (["fit", *MODEL, *DATA, "--trainer.default_root_dir", "{epoch}-{step}", "--trainer.max_epochz", "2"], 2,
-     "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs"),
-    # margins: an inline list and a margins file
-    (["fit", *CLOC, *DATA, "--model.learnable_map", "[[fixed, 0.5], [fixed, 0.7]"], 1,
-     "error: learnable_map:1:28: invalid YAML: expected ',' or ']', but got '<stream end>'"),
-    (["fit", *CLOC, *DATA, "--model.learnable_map", "margins.yaml"], 1,
-     "error: margins.yaml:3:1: invalid YAML: expected ',' or ']', but got '<stream end>'"),
-])
-def test_yaml_syntax_errors_name_the_file_line_and_column(args: list[str], code: int, expected: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        # the second of two --config files
+        (["fit", "--config", "good.yaml", "--config", "bad.yaml"], 2, "error: bad.yaml:4:8: invalid YAML: expected ',' or ']'"),
+        # inline values: the option in place of a file
+        (["fit", "--model", "{init_args:", *DATA], 2, "error: --model:1:12: invalid YAML: expected the node content"),
+        (["fit", *MODEL, *DATA, "--trainer={max_epochs:"], 2, "error: --trainer:1:13: invalid YAML: expected the node content"),
+        (
+            ["fit", *MODEL, *DATA, "--model.init_args.lr", "[1,"],
+            2,
+            "error: --model.init_args.lr:1:4: invalid YAML: expected the node content",
+        ),
+        # a text option may hold what is no YAML (a checkpoint filename template): only the refused key's value is blamed
+        (
+            ["fit", *MODEL, *DATA, "--trainer.default_root_dir", "{epoch}-{step}", "--trainer.max_epochz", "2"],
+            2,
+            "error: unknown option --trainer.max_epochz; did you mean --trainer.max_epochs",
+        ),
+        # margins: an inline list and a margins file
+        (
+            ["fit", *CLOC, *DATA, "--model.learnable_map", "[[fixed, 0.5], [fixed, 0.7]"],
+            1,
+            "error: learnable_map:1:28: invalid YAML: expected ',' or ']', but got '<stream end>'",
+        ),
+        (
+            ["fit", *CLOC, *DATA, "--model.learnable_map", "margins.yaml"],
+            1,
+            "error: margins.yaml:3:1: invalid YAML: expected ',' or ']', but got '<stream end>'",
+        ),
+    ],
+)
+def test_yaml_syntax_errors_name_the_file_line_and_column(
+    args: list[str], code: int, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every YAML input (each --config, an inline {...}/[...] value, a margins file): ``<where>:<line>:<col>: invalid YAML``."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "good.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 1}}))
@@ -98,8 +144,9 @@ def test_yaml_syntax_errors_name_the_file_line_and_column(args: list[str], code:
     assert not (tmp_path / "runs").exists()
 
 
-def test_compile_backbone_values_are_refused_before_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_compile_backbone_values_are_refused_before_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``{mode: fastest}`` was a 60-line torch traceback at the first step that never named the option."""
     monkeypatch.chdir(tmp_path)
     err = _fails(["fit", *MODEL, *DATA, "--model.compile_backbone", "{mode: fastest}"], capsys, 1)
@@ -108,8 +155,7 @@ def test_compile_backbone_values_are_refused_before_fit(tmp_path: Path, monkeypa
     assert not (tmp_path / "runs").exists()
 
 
-def test_debug_names_the_invalid_yaml_file_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_debug_names_the_invalid_yaml_file_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """``--debug`` keeps the parser's full message and adds the ``file:line:col`` line (the parser says "<unicode string>")."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "good.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 1}}))
@@ -121,8 +167,7 @@ def test_debug_names_the_invalid_yaml_file_too(tmp_path: Path, monkeypatch: pyte
     assert "usage:" in err and "bad.yaml:2:1: invalid YAML: expected ',' or '}'" in err, err
 
 
-def test_missing_ckpt_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_ckpt_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     for command in ("fit", "test"):
         err = _fails([command, *MODEL, *DATA, "--ckpt_path", "runs/none/best.ckpt"], capsys, 1)
@@ -131,8 +176,7 @@ def test_missing_ckpt_path_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     assert not (tmp_path / "runs").exists()
 
 
-def test_unusable_save_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_unusable_save_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("not a folder")
     err = _fails(["fit", *MODEL, *DATA, "--trainer.logger.init_args.save_dir", "afile"], capsys, 1)
@@ -151,13 +195,17 @@ def test_unusable_save_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     assert "give --trainer.logger.init_args.save_dir a folder you can write to" in err
 
 
-@pytest.mark.parametrize("args", [
-    ["--optimizer", "SGD", "--optimizer.lr", "0.5"],
-    ["--lr_scheduler=StepLR"],
-    ["--config", "optim.yaml"],
-])
-def test_lightning_optimizer_options_are_refused(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--optimizer", "SGD", "--optimizer.lr", "0.5"],
+        ["--lr_scheduler=StepLR"],
+        ["--config", "optim.yaml"],
+    ],
+)
+def test_lightning_optimizer_options_are_refused(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "optim.yaml").write_text("optimizer:\n  class_path: torch.optim.SGD\n  init_args: {lr: 0.5}\n")
     err = _fails(["fit", *MODEL, *DATA, *args], capsys, 1)
@@ -194,8 +242,10 @@ def test_help_offers_no_lightning_optimizer_and_prints_plain_text(capsys: pytest
 def test_rst_to_text() -> None:
     from cloc_lightning.cli.helptext import rst_to_text
 
-    assert rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`") == \
-        "see CLOCLoss and cloc_lightning.losses"
+    assert (
+        rst_to_text("see :class:`~cloc_lightning.losses.cloc.CLOCLoss` and :mod:`cloc_lightning.losses`")
+        == "see CLOCLoss and cloc_lightning.losses"
+    )
     assert rst_to_text("``mm`` (a margin per pair), :func:`f <pkg.f>`, x ``C - 1``") == "mm (a margin per pair), f, x C - 1"
 
 

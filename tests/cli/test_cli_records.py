@@ -18,11 +18,38 @@ from tests.conftest import TINY_BACKBONE
 
 #: a CE fit of one epoch on 16 px shapes (2 training steps)
 ARGS = [
-    "--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE,
-    "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8",
-    "--data.test_size", "8", "--data.batch_size", "8", "--data.num_workers", "0", "--data.image_size", "16",
-    "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--trainer.logger.init_args.save_dir", "runs", "--trainer.logger.init_args.name", "rec",
+    "--model",
+    "CEModule",
+    "--model.num_classes",
+    "4",
+    "--model.backbone",
+    TINY_BACKBONE,
+    "--data",
+    "OrdinalShapesDataModule",
+    "--data.num_classes",
+    "4",
+    "--data.train_size",
+    "16",
+    "--data.val_size",
+    "8",
+    "--data.test_size",
+    "8",
+    "--data.batch_size",
+    "8",
+    "--data.num_workers",
+    "0",
+    "--data.image_size",
+    "16",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.logger.init_args.save_dir",
+    "runs",
+    "--trainer.logger.init_args.name",
+    "rec",
 ]
 
 
@@ -39,7 +66,8 @@ def _lr(path: Path) -> float:
 
 
 def test_records_are_written_once_resume_appends_and_a_pinned_rerun_is_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "rec" / "version_0"
     pinned = ["--trainer.logger.init_args.version", "0"]
@@ -86,15 +114,27 @@ def test_a_failed_resume_keeps_the_runs_config(tmp_path: Path, monkeypatch: pyte
     assert _exit_code(["fit", *ARGS]) == 0
     config = (run / "config.yaml").read_text()
     with pytest.raises(OSError, match="missing.png"):
-        main(["fit", *ARGS, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--model.lr", "0.05",
-              "--trainer.callbacks+=tests.cli.test_cli_records.FailAtTrainStart"])
+        main(
+            [
+                "fit",
+                *ARGS,
+                "--ckpt_path",
+                "last",
+                "--trainer.max_epochs",
+                "2",
+                "--model.lr",
+                "0.05",
+                "--trainer.callbacks+=tests.cli.test_cli_records.FailAtTrainStart",
+            ]
+        )
     assert (run / "config.yaml").read_text() == config
     assert "FailAtTrainStart" in (run / "config.resume-1.yaml").read_text()
 
 
 @pytest.mark.parametrize("command", ["predict", "test", "validate"])
-def test_evaluation_commands_refuse_an_untrained_model(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluation_commands_refuse_an_untrained_model(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert _exit_code([command, *ARGS]) == 1
     err = capsys.readouterr().err
@@ -114,16 +154,19 @@ def test_predict_with_init_from_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 # ----------------------------------------------------------------------- init_from of another module (issue 42, item 1)
 def _other_module_args(model: list[str]) -> list[str]:
     """:data:`ARGS` with another model (same tiny backbone, data, logger)."""
-    return [*model, "--model.backbone", TINY_BACKBONE, *ARGS[ARGS.index("--data"):]]
+    return [*model, "--model.backbone", TINY_BACKBONE, *ARGS[ARGS.index("--data") :]]
 
 
-@pytest.mark.parametrize(("command", "model", "untrained"), [
-    ("predict", ["--model", "OrdinalRegressionModule", "--model.head", "corn"], "head.*"),
-    ("test", ["--model", "SupConModule", "--model.method", "supcon"], "probe.*"),
-])
+@pytest.mark.parametrize(
+    ("command", "model", "untrained"),
+    [
+        ("predict", ["--model", "OrdinalRegressionModule", "--model.head", "corn"], "head.*"),
+        ("test", ["--model", "SupConModule", "--model.method", "supcon"], "probe.*"),
+    ],
+)
 def test_evaluation_refuses_init_from_that_leaves_parameters_untrained(
-        command: str, model: list[str], untrained: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    command: str, model: list[str], untrained: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A CE checkpoint loads the encoder of a CORN model / a SupCon model, not its head / online probe: refused,
     naming what would be untrained and the fix, before a run folder or a record is written."""
     monkeypatch.chdir(tmp_path)
@@ -145,13 +188,16 @@ def _records(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns + p.stat().st_size for p in folder.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize(("limit", "end", "fix"), [
-    ([], "epoch 1 of max_epochs 1", "--trainer.max_epochs 2"),
-    (["--trainer.max_steps", "2", "--trainer.max_epochs", "5"], "global step 2 of max_steps 2", "--trainer.max_steps 3"),
-])
+@pytest.mark.parametrize(
+    ("limit", "end", "fix"),
+    [
+        ([], "epoch 1 of max_epochs 1", "--trainer.max_epochs 2"),
+        (["--trainer.max_steps", "2", "--trainer.max_epochs", "5"], "global step 2 of max_steps 2", "--trainer.max_steps 3"),
+    ],
+)
 def test_resuming_a_finished_run_is_refused_before_any_record_is_written(
-        limit: list[str], end: str, fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    limit: list[str], end: str, fix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     args = [*ARGS, *limit, "--test_after_fit", "true"]
     assert _exit_code(["fit", *args]) == 0
@@ -179,8 +225,7 @@ class RecordLR(L.Callback):
         RecordLR.used.append((trainer.global_step, float(trainer.optimizers[0].param_groups[0]["lr"])))
 
 
-def test_extending_a_finished_run_continues_the_schedule_over_the_new_total(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extending_a_finished_run_continues_the_schedule_over_the_new_total(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1-epoch cosine run resumed with max_epochs 2 takes the LRs of steps 2-3 of a 2-epoch run's cosine (docs/cli.md:
     the schedule spans the new total and continues from the resumed step), not LR 0.0 (the old schedule's end) first."""
     monkeypatch.chdir(tmp_path)

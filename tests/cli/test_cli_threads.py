@@ -27,12 +27,46 @@ class ThreadProbe(Callback):
 
 def _fit(workers: int) -> tuple[int, str | None]:
     SEEN.clear()
-    main(["fit", "--model", "CEModule", "--model.backbone", TINY_BACKBONE, "--data", "OrdinalShapesDataModule",
-          "--data.num_classes", "4", "--data.train_size", "8", "--data.val_size", "4", "--data.test_size", "4",
-          "--data.batch_size", "4", "--data.image_size", "16", "--data.num_workers", str(workers),
-          "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1",
-          "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.logger", "false",
-          "--trainer.enable_checkpointing", "false", "--trainer.callbacks+=tests.cli.test_cli_threads.ThreadProbe"])
+    main(
+        [
+            "fit",
+            "--model",
+            "CEModule",
+            "--model.backbone",
+            TINY_BACKBONE,
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "4",
+            "--data.train_size",
+            "8",
+            "--data.val_size",
+            "4",
+            "--data.test_size",
+            "4",
+            "--data.batch_size",
+            "4",
+            "--data.image_size",
+            "16",
+            "--data.num_workers",
+            str(workers),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.limit_train_batches",
+            "1",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_model_summary",
+            "false",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--trainer.callbacks+=tests.cli.test_cli_threads.ThreadProbe",
+        ]
+    )
     assert len(SEEN) == 1
     return SEEN[0]
 

@@ -205,7 +205,12 @@ def test_the_source_tree_has_no_packaged_folder() -> None:
 def test_fallback_replaces_missing_config_paths(capsys: pytest.CaptureFixture[str]) -> None:
     demo = str(find_config("cloc/demo").path)
     assert packaged_config_fallback(["fit", "--config", "configs/cloc/demo.yaml", "--trainer.max_epochs", "1"]) == [
-        "fit", "--config", demo, "--trainer.max_epochs", "1"]
+        "fit",
+        "--config",
+        demo,
+        "--trainer.max_epochs",
+        "1",
+    ]
     assert packaged_config_fallback(["fit", "--config=configs/cloc/demo.yaml"]) == ["fit", f"--config={demo}"]
     assert packaged_config_fallback(["fit", "-c", "cloc/demo"]) == ["fit", "-c", demo]
     probe = str(find_config("linear_probe/probe_cifar10_cpu").path)
@@ -215,13 +220,16 @@ def test_fallback_replaces_missing_config_paths(capsys: pytest.CaptureFixture[st
     assert "cloc-lightning: --config configs/cloc/demo.yaml: no such file here; using the packaged config cloc/demo (" in err
 
 
-@pytest.mark.parametrize("value", [
-    "configs/cloc/missing.yaml",      # not a shipped config: today's error stays
-    "/abs/configs/cloc/demo.yaml",    # an absolute path is the user's own file
-    "../configs/cloc/demo.yaml",      # so is a path outside the working folder
-    "demo.yaml",                      # a bare file name: a typo of a local file, not a config name
-    "{trainer: {max_epochs: 1}}",     # inline YAML
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "configs/cloc/missing.yaml",  # not a shipped config: today's error stays
+        "/abs/configs/cloc/demo.yaml",  # an absolute path is the user's own file
+        "../configs/cloc/demo.yaml",  # so is a path outside the working folder
+        "demo.yaml",  # a bare file name: a typo of a local file, not a config name
+        "{trainer: {max_epochs: 1}}",  # inline YAML
+    ],
+)
 def test_fallback_leaves_other_values_alone(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert packaged_config_fallback(["fit", "--config", value]) == ["fit", "--config", value]
     assert capsys.readouterr().err == ""
@@ -287,18 +295,44 @@ def test_entry_point_hands_other_commands_to_the_cli(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ phase-two configs (issue 42, item 3)
-PHASE2_SMALL = ["--model.backbone", "test_resnet", "--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8",
-                "--data.batch_size", "8", "--data.image_size", "16", "--data.num_workers", "0", "--trainer.max_steps", "1",
-                "--trainer.limit_val_batches", "0", "--test_after_fit", "false", "--trainer.enable_progress_bar", "false",
-                "--trainer.accelerator", "cpu"]
+PHASE2_SMALL = [
+    "--model.backbone",
+    "test_resnet",
+    "--data.train_size",
+    "16",
+    "--data.val_size",
+    "8",
+    "--data.test_size",
+    "8",
+    "--data.batch_size",
+    "8",
+    "--data.image_size",
+    "16",
+    "--data.num_workers",
+    "0",
+    "--trainer.max_steps",
+    "1",
+    "--trainer.limit_val_batches",
+    "0",
+    "--test_after_fit",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.accelerator",
+    "cpu",
+]
 
 
-@pytest.mark.parametrize("given, missing", [
-    ([], ["--model.learnable_map", "--model.init_from"]),
-    (["--model.init_from", "phase_one.ckpt"], ["--model.learnable_map"]),
-])
-def test_a_phase_two_config_without_its_margins_file_stops(given: list[str], missing: list[str], outside_repo: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "given, missing",
+    [
+        ([], ["--model.learnable_map", "--model.init_from"]),
+        (["--model.init_from", "phase_one.ckpt"], ["--model.learnable_map"]),
+    ],
+)
+def test_a_phase_two_config_without_its_margins_file_stops(
+    given: list[str], missing: list[str], outside_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before: ``learnable_map: null`` (all margins learnable) ran phase one again, from random weights, with exit 0."""
     config = str(CONFIGS / "cloc" / "demo_phase2.yaml")
     (outside_repo / "phase_one.ckpt").write_text("not read: the check comes first")

@@ -27,8 +27,18 @@ from cloc_lightning.data import ImageFolderDataModule, UTKFaceDataModule
 from tests.conftest import TINY_BACKBONE, cli_in_process
 
 AGES = [2, 5, 10, 20, 30, 40, 50, 70]
-COMMON = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-          "--trainer.accelerator", "cpu", "--data.num_workers", "0", "--data.image_size", "16"]
+COMMON = [
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.accelerator",
+    "cpu",
+    "--data.num_workers",
+    "0",
+    "--data.image_size",
+    "16",
+]
 CSV_LOGGER = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", "runs"]
 MODEL = ["--model", "CEModule", "--model.backbone", TINY_BACKBONE]
 
@@ -53,8 +63,22 @@ def trained(tmp_path_factory: pytest.TempPathFactory, module_console_argv: None)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         capsys = _Capture()
-        code, _out, err = capsys.run(["fit", *MODEL, "--data", "UTKFaceDataModule", "--data.root", str(work / "utk"),
-                                      "--data.batch_size", "4", "--trainer.max_epochs", "1", *COMMON, *CSV_LOGGER])
+        code, _out, err = capsys.run(
+            [
+                "fit",
+                *MODEL,
+                "--data",
+                "UTKFaceDataModule",
+                "--data.root",
+                str(work / "utk"),
+                "--data.batch_size",
+                "4",
+                "--trainer.max_epochs",
+                "1",
+                *COMMON,
+                *CSV_LOGGER,
+            ]
+        )
     assert code == 0, err[-3000:]
     ckpt = sorted((work / "runs").rglob("last.ckpt"))[-1]
     return {"work": work, "ckpt": ckpt, "root": work / "utk", "held": work / "held"}
@@ -84,12 +108,26 @@ def _test_table(out: str) -> dict[str, str]:
     return dict(re.findall(r"^\W*((?:test|val|train)/\S+)\s+\W*\s*([-\d.e+na]+)", out, flags=re.MULTILINE))
 
 
-def test_test_on_a_folder_alone_needs_no_training_root(trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_test_on_a_folder_alone_needs_no_training_root(
+    trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before: --data.root was required (parse error, exit 2); with it, the training data had to be there and was split."""
     monkeypatch.chdir(trained["work"])
-    code, out, err = cli_in_process(["test", *MODEL, "--data", "UTKFaceDataModule", "--data.test_root", str(trained["held"]),
-                                     "--ckpt_path", str(trained["ckpt"]), *COMMON, *CSV_LOGGER], capsys)
+    code, out, err = cli_in_process(
+        [
+            "test",
+            *MODEL,
+            "--data",
+            "UTKFaceDataModule",
+            "--data.test_root",
+            str(trained["held"]),
+            "--ckpt_path",
+            str(trained["ckpt"]),
+            *COMMON,
+            *CSV_LOGGER,
+        ],
+        capsys,
+    )
     assert code == 0, err[-3000:]
     table = _test_table(out)
     assert "test/mae" in table and "test/acc" in table, out[-3000:]
@@ -99,32 +137,60 @@ def test_test_on_a_folder_alone_needs_no_training_root(trained: dict[str, Path],
     assert "TensorBoard" not in out
 
 
-def test_a_test_folder_under_other_bins_is_checked_against_the_checkpoint(trained: dict[str, Path],
-                                                                           monkeypatch: pytest.MonkeyPatch,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_test_folder_under_other_bins_is_checked_against_the_checkpoint(
+    trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(trained["work"])
-    code, out, err = cli_in_process(["test", *MODEL, "--data", "UTKFaceDataModule", "--data.test_root", str(trained["held"]),
-                                     "--data.age_bins", "[0, 5, 10, 20, 30, 40, 50, 65]", "--ckpt_path", str(trained["ckpt"]),
-                                     *COMMON, *CSV_LOGGER], capsys)
+    code, out, err = cli_in_process(
+        [
+            "test",
+            *MODEL,
+            "--data",
+            "UTKFaceDataModule",
+            "--data.test_root",
+            str(trained["held"]),
+            "--data.age_bins",
+            "[0, 5, 10, 20, 30, 40, 50, 65]",
+            "--ckpt_path",
+            str(trained["ckpt"]),
+            *COMMON,
+            *CSV_LOGGER,
+        ],
+        capsys,
+    )
     lines = [ln for ln in err.splitlines() if ln.startswith("cloc-lightning: error:")]
     assert code == 1 and len(lines) == 1 and "test/mae" not in out, err[-3000:]
     assert "the checkpoint was trained on classes" in lines[0] and "'60+'" in lines[0] and "'65+'" in lines[0], lines[0]
 
 
-def test_fit_and_validate_without_a_root_name_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_fit_and_validate_without_a_root_name_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     _utk(tmp_path / "held", AGES, 0)
-    code, out, err = cli_in_process(["fit", *MODEL, "--data", "UTKFaceDataModule", "--data.test_root", str(tmp_path / "held"),
-                                     "--trainer.max_epochs", "1", *COMMON, *CSV_LOGGER], capsys)
+    code, out, err = cli_in_process(
+        [
+            "fit",
+            *MODEL,
+            "--data",
+            "UTKFaceDataModule",
+            "--data.test_root",
+            str(tmp_path / "held"),
+            "--trainer.max_epochs",
+            "1",
+            *COMMON,
+            *CSV_LOGGER,
+        ],
+        capsys,
+    )
     lines = [ln for ln in err.splitlines() if ln.startswith("cloc-lightning: error:")]
     assert code == 1 and len(lines) == 1 and "Epoch" not in out, err[-3000:]
     assert "data.root is not set" in lines[0] and "fit" in lines[0] and "data.test_root" in lines[0], lines[0]
 
 
-def test_a_test_folder_sharing_files_with_the_training_split_is_counted(trained: dict[str, Path], tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_test_folder_sharing_files_with_the_training_split_is_counted(
+    trained: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before: 3 byte-identical copies of training faces under other names and ages, and one training file name,
     were scored as held-out faces without a word."""
     dm = UTKFaceDataModule(str(trained["root"]), num_workers=0)
@@ -136,9 +202,23 @@ def test_a_test_folder_sharing_files_with_the_training_split_is_counted(trained:
     _png(dup / Path(train[3]).name, 7777)  # a training file's name, other bytes
     monkeypatch.chdir(trained["work"])
     with pytest.warns(UserWarning) as rec:  # in-process: pytest records the warnings (on the console: stderr)
-        code, out, err = cli_in_process(["test", *MODEL, "--data", "UTKFaceDataModule", "--data.root", str(trained["root"]),
-                                         "--data.test_root", str(dup), "--ckpt_path", str(trained["ckpt"]), *COMMON,
-                                         *CSV_LOGGER], capsys)
+        code, out, err = cli_in_process(
+            [
+                "test",
+                *MODEL,
+                "--data",
+                "UTKFaceDataModule",
+                "--data.root",
+                str(trained["root"]),
+                "--data.test_root",
+                str(dup),
+                "--ckpt_path",
+                str(trained["ckpt"]),
+                *COMMON,
+                *CSV_LOGGER,
+            ],
+            capsys,
+        )
     assert code == 0, err[-3000:]
     warned = [str(w.message) for w in rec if "training split" in str(w.message)]
     assert len(warned) == 1, err[-3000:]
@@ -148,12 +228,26 @@ def test_a_test_folder_sharing_files_with_the_training_split_is_counted(trained:
     assert float(_test_table(out)["test/images"]) == 8  # still scored: a warning, with the count
 
 
-def test_predict_on_a_utkface_folder_writes_the_targets(trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_predict_on_a_utkface_folder_writes_the_targets(
+    trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before: no target column, although every file name holds its age."""
     monkeypatch.chdir(trained["work"])
-    code, out, err = cli_in_process(["predict", *MODEL, "--data", "UTKFaceDataModule", "--data.predict_root",
-                                     str(trained["held"]), "--ckpt_path", str(trained["ckpt"]), *COMMON, *CSV_LOGGER], capsys)
+    code, out, err = cli_in_process(
+        [
+            "predict",
+            *MODEL,
+            "--data",
+            "UTKFaceDataModule",
+            "--data.predict_root",
+            str(trained["held"]),
+            "--ckpt_path",
+            str(trained["ckpt"]),
+            *COMMON,
+            *CSV_LOGGER,
+        ],
+        capsys,
+    )
     assert code == 0, err[-3000:]
     path = trained["work"] / re.findall(r"predictions written to (\S+?\.csv)", out)[-1]
     with open(path, newline="") as f:

@@ -29,8 +29,9 @@ main(ARGS)
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", SIMULATE.replace("ARGS", repr(args))], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", SIMULATE.replace("ARGS", repr(args))], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_torch_and_torchvision_of_different_builds_are_one_line(tmp_path: Path) -> None:

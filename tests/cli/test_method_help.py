@@ -20,8 +20,17 @@ import cloc_lightning.methods as methods
 from cloc_lightning.cli import main
 from tests.methods.test_method_defaults import METHOD_DEFAULTS, constructor_chain
 
-METHODS = ["CEModule", "CLOCModule", "SupConModule", "RnCModule", "ReLICModule", "LinearProbeModule",
-           "LinearRegressorModule", "OrdinalCLIPModule", "OrdinalRegressionModule"]
+METHODS = [
+    "CEModule",
+    "CLOCModule",
+    "SupConModule",
+    "RnCModule",
+    "ReLICModule",
+    "LinearProbeModule",
+    "LinearRegressorModule",
+    "OrdinalCLIPModule",
+    "OrdinalRegressionModule",
+]
 #: an option's first line: ``--model.<name> METAVAR`` (lists also ``, --model.<name>+ METAVAR``), maybe its help
 _OPTION = re.compile(r"^  --model\.(\w+)(?: \S+)?(?:, --model\.\w+\+ \S+)?(?: {2,}(.*))?$")
 
@@ -79,7 +88,7 @@ def test_model_help_documents_every_option_with_the_methods_default(name: str, c
     assert exit_.value.code == 0
     options = _help_options(capsys.readouterr().out)
     expected = _expected_defaults(cls)
-    assert set(options) == set(expected), (set(options) ^ set(expected))
+    assert set(options) == set(expected), set(options) ^ set(expected)
     undocumented = [option for option, (description, _) in options.items() if not description]
     assert not undocumented, f"{name}: options without a description: {undocumented}"
     if expected.get("num_classes", None) is inspect.Parameter.empty:

@@ -28,11 +28,34 @@ from tests.conftest import TINY_BACKBONE, cpu_trainer, run_cli
 
 #: the tiny fit/predict configuration (as ``tiny_shapes_args``, with a 12-image test split)
 ARGS = [
-    "--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE,
-    "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "32",
-    "--data.val_size", "16", "--data.test_size", "12", "--data.batch_size", "8", "--data.num_workers", "0",
-    "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--trainer.logger.init_args.save_dir", "runs",
+    "--model",
+    "CEModule",
+    "--model.num_classes",
+    "4",
+    "--model.backbone",
+    TINY_BACKBONE,
+    "--data",
+    "OrdinalShapesDataModule",
+    "--data.num_classes",
+    "4",
+    "--data.train_size",
+    "32",
+    "--data.val_size",
+    "16",
+    "--data.test_size",
+    "12",
+    "--data.batch_size",
+    "8",
+    "--data.num_workers",
+    "0",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.logger.init_args.save_dir",
+    "runs",
 ]
 
 
@@ -45,8 +68,14 @@ def _png(path: Path, seed: int, size: tuple[int, int] = (40, 28), mode: str = "R
 
 def _image_folder(root: Path, n: int = 7) -> list[Path]:
     """``n`` PNGs at several depths (one grayscale, one RGBA) plus files that are not images."""
-    files = [_png(root / ("" if i % 3 == 0 else f"sub{i % 3}") / ("deep" if i == 5 else "") / f"img{i}.png", i,
-                  mode=("L" if i == 1 else "RGBA" if i == 2 else "RGB")) for i in range(n)]
+    files = [
+        _png(
+            root / ("" if i % 3 == 0 else f"sub{i % 3}") / ("deep" if i == 5 else "") / f"img{i}.png",
+            i,
+            mode=("L" if i == 1 else "RGBA" if i == 2 else "RGB"),
+        )
+        for i in range(n)
+    ]
     (root / "notes.txt").write_text("not an image")
     (root / "sub1" / "labels.json").write_text("{}")
     return files
@@ -125,9 +154,20 @@ def test_cli_predict_on_the_test_split_names_the_samples(checkpoint: tuple[Path,
 def test_cli_predict_under_ddp_writes_one_merged_file(checkpoint: tuple[Path, Path]) -> None:
     """2 CPU processes share 7 images (4 + 3): one predictions.csv sorted by index, no rank parts left."""
     files = _image_folder(checkpoint[0] / "ddp_images", n=7)
-    path, rows = _predict(checkpoint, "ddp", "--data.predict_root", str(checkpoint[0] / "ddp_images"),
-                          "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                          "--data.batch_size", "2")
+    path, rows = _predict(
+        checkpoint,
+        "ddp",
+        "--data.predict_root",
+        str(checkpoint[0] / "ddp_images"),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--data.batch_size",
+        "2",
+    )
     assert [int(r["index"]) for r in rows] == list(range(7))
     assert sorted(Path(r["path"]).resolve() for r in rows) == sorted(f.resolve() for f in files)
     assert not list(path.parent.glob("predictions.rank*.csv"))
@@ -136,8 +176,16 @@ def test_cli_predict_under_ddp_writes_one_merged_file(checkpoint: tuple[Path, Pa
 
 # ------------------------------------------------------------------------------- the data module
 def _dm(root: Path | str | None, **kw: Any) -> OrdinalShapesDataModule:
-    return OrdinalShapesDataModule(num_classes=4, train_size=8, val_size=4, test_size=4, batch_size=4,
-                                   num_workers=0, predict_root=None if root is None else str(root), **kw)
+    return OrdinalShapesDataModule(
+        num_classes=4,
+        train_size=8,
+        val_size=4,
+        test_size=4,
+        batch_size=4,
+        num_workers=0,
+        predict_root=None if root is None else str(root),
+        **kw,
+    )
 
 
 def test_unlabelled_predict_batches_are_image_tensors_and_the_modules_predict_them(tmp_path: Path) -> None:
@@ -146,7 +194,8 @@ def test_unlabelled_predict_batches_are_image_tensors_and_the_modules_predict_th
     dm.setup("predict")
     assert dm._base is None  # the training data is not built for predict_root
     assert [dm.predict_set.describe(i) for i in range(5)] == sorted(
-        (str(f) for f in files), key=lambda s: Path(s).relative_to(tmp_path / "imgs").as_posix())
+        (str(f) for f in files), key=lambda s: Path(s).relative_to(tmp_path / "imgs").as_posix()
+    )
     batch = next(iter(dm.predict_dataloader()))
     assert isinstance(batch, torch.Tensor) and batch.shape == (4, 3, 32, 32)
     out = CEModule(num_classes=4, backbone=TINY_BACKBONE).eval().predict_step(batch, 0)
@@ -192,10 +241,16 @@ def test_bad_predict_roots_name_the_fix(tmp_path: Path) -> None:
     with pytest.raises(DataConfigError, match=r"1 path\(s\) .* are not files .*line 3: 'b.png'; fix or remove those rows"):
         _dm(tmp_path / "gone.csv").setup("predict")
     (tmp_path / "range.csv").write_text("path,label\na.png,1\na.png,4\na.png,\n")
-    with pytest.raises(DataConfigError, match=r"2 label\(s\) .* are not integers in \[0, 4\): line 3: 'a.png' "
-                                              r"\(label '4'\); line 4: 'a.png' \(label ''\); fix those rows, or drop"):
+    with pytest.raises(
+        DataConfigError,
+        match=r"2 label\(s\) .* are not integers in \[0, 4\): line 3: 'a.png' "
+        r"\(label '4'\); line 4: 'a.png' \(label ''\); fix those rows, or drop",
+    ):
         _dm(tmp_path / "range.csv").setup("predict")
     (tmp_path / "names.csv").write_text("path,label\na.png,2 objects\na.png,five objects\n")
-    with pytest.raises(DataConfigError, match=r"not names from class_names \['1 object', .*line 3: 'a.png' "
-                                              r"\(label 'five objects'\)"):
+    with pytest.raises(
+        DataConfigError,
+        match=r"not names from class_names \['1 object', .*line 3: 'a.png' "
+        r"\(label 'five objects'\)",
+    ):
         _dm(tmp_path / "names.csv").setup("predict")

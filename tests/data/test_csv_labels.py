@@ -68,9 +68,11 @@ def test_labels_outside_num_classes_name_their_rows(tmp_path: Path) -> None:
         dm.setup("fit")
     msg = str(err.value)
     assert msg.startswith("integer labels must lie in [0, 5) (num_classes=5)")
-    assert "has labels [-1, 5, 7, 9] in rows line 12: 'img/10.png' (label '9'); line 13: 'img/11.png' (label '5'); " \
-           "line 14: 'img/12.png' (label '-1'); line 15: 'img/13.png' (label '7'); line 16: 'img/14.png' (label '7'); " \
-           "... and 3 more row(s)" in msg
+    assert (
+        "has labels [-1, 5, 7, 9] in rows line 12: 'img/10.png' (label '9'); line 13: 'img/11.png' (label '5'); "
+        "line 14: 'img/12.png' (label '-1'); line 15: 'img/13.png' (label '7'); line 16: 'img/14.png' (label '7'); "
+        "... and 3 more row(s)" in msg
+    )
     assert "Fix those rows, or raise data.num_classes (and class_names)" in msg
     # class_names fixes the number of classes the same way (and its error keeps its wording)
     with pytest.raises(DataConfigError, match=r"labels must lie in \[0, 3\) \(class_names has 3 names\).*line 5: 'img/3.png'"):
@@ -80,8 +82,11 @@ def test_labels_outside_num_classes_name_their_rows(tmp_path: Path) -> None:
 def test_negative_one_based_and_empty_labels_without_num_classes(tmp_path: Path) -> None:
     with pytest.raises(DataConfigError, match=r"must be >= 0; .* rows line 4: 'img/2.png' \(label '-2'\)\. Fix those rows"):
         _dm(_csv(tmp_path, ["0", "1", "-2", "1"], "neg.csv")).setup("fit")
-    with pytest.raises(DataConfigError, match=r"leave classes \[0\] without images \(labels start at 1: class indices "
-                                              r"are 0-based, subtract 1\)"):
+    with pytest.raises(
+        DataConfigError,
+        match=r"leave classes \[0\] without images \(labels start at 1: class indices "
+        r"are 0-based, subtract 1\)",
+    ):
         _dm(_csv(tmp_path, ["1", "2", "3", "4"], "one_based.csv")).setup("fit")
     with pytest.raises(DataConfigError, match=r"has empty labels: line 3: 'img/1.png' \(label ''\); fill them in"):
         _dm(_csv(tmp_path, ["0", "", "1"], "empty.csv")).setup("fit")
@@ -93,8 +98,11 @@ def test_num_classes_with_class_names_or_string_labels(tmp_path: Path) -> None:
     with pytest.raises(DataConfigError, match="num_classes must be >= 2"):
         CSVDataModule("x.csv", num_classes=1)
     words = _csv(tmp_path, ["low", "mid", "low", "mid"], "words.csv")
-    with pytest.raises(DataConfigError, match=r"num_classes=3 but .* has 2 distinct string labels \['low', 'mid'\]; "
-                                              "give class_names"):
+    with pytest.raises(
+        DataConfigError,
+        match=r"num_classes=3 but .* has 2 distinct string labels \['low', 'mid'\]; "
+        "give class_names",
+    ):
         _dm(words, num_classes=3).setup("fit")
     dm = _dm(words, num_classes=3, class_names=["low", "mid", "high"])  # an empty 'high' class, by name
     assert dm.num_classes == 3 and dm.class_names == ["low", "mid", "high"]

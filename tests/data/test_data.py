@@ -123,7 +123,9 @@ def test_single_and_multi_view_batches() -> None:
 
 def test_train_order_is_seeded() -> None:
     def first_labels(seed: int) -> list[int]:
-        dm = OrdinalShapesDataModule(num_classes=5, train_size=50, val_size=5, test_size=5, batch_size=10, num_workers=0, seed=seed, augment="none")
+        dm = OrdinalShapesDataModule(
+            num_classes=5, train_size=50, val_size=5, test_size=5, batch_size=10, num_workers=0, seed=seed, augment="none"
+        )
         dm.setup("fit")
         return next(iter(dm.train_dataloader()))[1].tolist()
 
@@ -140,9 +142,7 @@ def test_image_folder_layouts(tmp_path: Path) -> None:
     dm.setup("fit")
     assert dm.class_names == ["cat", "dog", "emu"] and dm.task == "nominal"
     assert len(dm.train_set) + len(dm.val_set) == 30 and len(dm.test_set) == 12
-    dm = ImageFolderDataModule(
-        str(tmp_path / "split"), task="ordinal", class_order=["emu", "cat", "dog"], batch_size=4, num_workers=0
-    )
+    dm = ImageFolderDataModule(str(tmp_path / "split"), task="ordinal", class_order=["emu", "cat", "dog"], batch_size=4, num_workers=0)
     dm.setup("fit")
     assert dm.class_names == ["emu", "cat", "dog"]
     for f, y in zip(dm.test_set.base.files, dm.test_set.base.targets, strict=True):

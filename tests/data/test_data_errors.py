@@ -1,5 +1,4 @@
-"""Reliability of the data modules: out-of-range labels, missing roots, corrupt or unparsable files, dying loader workers.
-"""
+"""Reliability of the data modules: out-of-range labels, missing roots, corrupt or unparsable files, dying loader workers."""
 
 from __future__ import annotations
 
@@ -143,8 +142,7 @@ def test_dying_loader_worker_is_a_clear_error_not_a_hang(tmp_path: Path) -> None
         "trainer.fit(model, train_dataloaders=loader)\n"
     )
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
     assert "DataLoader worker (pid" in proc.stderr and "exited unexpectedly" in proc.stderr, proc.stderr[-3000:]
     assert time.monotonic() - t0 < 180

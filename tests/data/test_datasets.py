@@ -17,8 +17,9 @@ from cloc_lightning.data.datasets import ImageFileDataset, TensorImageDataset, T
 
 def _seeded_train_set() -> TransformedSubset:
     """A training set with per-sample seeded augmentations, as the data modules build it."""
-    dm = OrdinalShapesDataModule(num_classes=4, train_size=24, val_size=8, test_size=8, batch_size=6,
-                                 num_workers=0, augment="crop_flip", seed=0)
+    dm = OrdinalShapesDataModule(
+        num_classes=4, train_size=24, val_size=8, test_size=8, batch_size=6, num_workers=0, augment="crop_flip", seed=0
+    )
     dm.setup("fit")
     assert dm.train_set is not None
     return dm.train_set

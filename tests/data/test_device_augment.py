@@ -87,8 +87,15 @@ def _tv_boxes(hw: tuple[int, int], scale: tuple[float, float], n: int, seed: int
     return np.array([[d["top"], d["left"], d["height"], d["width"]] for d in draws], dtype=np.float64)
 
 
-def _draw(specs: Sequence[ViewSpec], n: int, hw: tuple[int, int] = (64, 64), seed: int = 0, epoch: int = 0,
-          stored_hw: tuple[int, int] | None = None, index: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+def _draw(
+    specs: Sequence[ViewSpec],
+    n: int,
+    hw: tuple[int, int] = (64, 64),
+    seed: int = 0,
+    epoch: int = 0,
+    stored_hw: tuple[int, int] | None = None,
+    index: np.ndarray | None = None,
+) -> dict[str, torch.Tensor]:
     aug = DeviceAugment(specs, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), seed=seed)
     index = np.arange(n) if index is None else index
     native = np.tile(hw, (len(index), 1))
@@ -202,7 +209,9 @@ def _ramp(H: int, W: int) -> torch.Tensor:
     return (torch.stack([X, Y, (X + Y) / 2]) * 255).round().to(torch.uint8)
 
 
-@pytest.mark.parametrize("layout, stored_hw", [(StoreLayout("fit", 150), (60, 150)), (StoreLayout("resize", 96), (96, 96))], ids=["fit", "resize"])
+@pytest.mark.parametrize(
+    "layout, stored_hw", [(StoreLayout("fit", 150), (60, 150)), (StoreLayout("resize", 96), (96, 96))], ids=["fit", "resize"]
+)
 def test_rrc_boxes_map_onto_a_smaller_stored_image(layout: StoreLayout, stored_hw: tuple[int, int]) -> None:
     """Boxes drawn in the original's pixels, cut from a smaller store (by 2, or by 1.25 and 3.1 per axis), sample the original's positions.
 
@@ -270,7 +279,7 @@ def test_rates_are_binomial_with_p_and_independent() -> None:
     for name, (hit, p) in decisions.items():
         assert hit.shape == (rows,)
         for view in range(2):
-            pvalues[f"{name} v{view}"] = stats.binomtest(int(hit[view * n:(view + 1) * n].sum()), n, p).pvalue
+            pvalues[f"{name} v{view}"] = stats.binomtest(int(hit[view * n : (view + 1) * n].sum()), n, p).pvalue
     assert min(pvalues.values()) > ALPHA, pvalues
     # independent across views of one sample and across the decisions of one view (2 x 2 chi-square)
     names = list(decisions)
@@ -396,7 +405,7 @@ def test_pad_crop_matches_torchvision(size: int, padding: int) -> None:
     x = _float_images(len(offsets), size, size, seed=35)
     out = pad_crop(x, offsets, size, padding)
     for i, (top, left) in enumerate(offsets.tolist()):
-        ref = TF.pad(x[i], [padding], padding_mode="reflect")[:, top:top + size, left:left + size]
+        ref = TF.pad(x[i], [padding], padding_mode="reflect")[:, top : top + size, left : left + size]
         assert torch.equal(out[i], ref)
 
 
@@ -407,8 +416,18 @@ def test_apply_colour_chain_matches_torchvision_per_sample() -> None:
     draw, are applied with torchvision's ops on the float image; two equal specs make one group of two views.
     """
     n, size = 48, 24
-    spec = ViewSpec(size, "resize", flip_p=0.5, jitter=(0.8, 0.8, 0.8, 0.2), jitter_p=0.8, grayscale_p=0.2, blur_kernel=5,
-                    blur_p=0.5, solarize_p=0.2, solarize_threshold=128.0)
+    spec = ViewSpec(
+        size,
+        "resize",
+        flip_p=0.5,
+        jitter=(0.8, 0.8, 0.8, 0.2),
+        jitter_p=0.8,
+        grayscale_p=0.2,
+        blur_kernel=5,
+        blur_p=0.5,
+        solarize_p=0.2,
+        solarize_threshold=128.0,
+    )
     aug = DeviceAugment([spec, spec], (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), seed=41)
     images = (_float_images(n, size, size, seed=42) * 255).round().to(torch.uint8)
     hw = np.tile([size, size], (n, 1))
@@ -505,8 +524,10 @@ def compare_statistics(dev: list[torch.Tensor], ref: list[torch.Tensor]) -> dict
             out[f"view {v}: {name} (KS)"] = (_ks(sd[name], sr[name]), float(sd[name].mean() / sr[name].mean()))
         # a view clamped flat by the jitter has no energy at all: a floor far below a textured view's (~3e-3)
         ge_d, ge_r = np.log(sd["gradient energy"] + 1e-5), np.log(sr["gradient energy"] + 1e-5)
-        out[f"view {v}: log gradient energy (t)"] = (float(stats.ttest_ind(ge_d, ge_r, equal_var=False).pvalue),
-                                                     float(np.exp(ge_d.mean() - ge_r.mean())))
+        out[f"view {v}: log gradient energy (t)"] = (
+            float(stats.ttest_ind(ge_d, ge_r, equal_var=False).pvalue),
+            float(np.exp(ge_d.mean() - ge_r.mean())),
+        )
     return out
 
 
@@ -625,7 +646,11 @@ def test_statistics_match_torchvision_on_utkface(views: ViewTransform, one_threa
 # ---------------------------------------------------------------------------------------------------
 # 6. determinism: (seed, epoch, index, view) and nothing else
 # ---------------------------------------------------------------------------------------------------
-DET_SPECS = [RATES_SPEC, RATES_SPEC, ViewSpec(8, "pad_crop", padding=2, jitter=(0.8, 0.8, 0.8, 0.2), jitter_p=0.8, blur_kernel=3, blur_p=0.5)]
+DET_SPECS = [
+    RATES_SPEC,
+    RATES_SPEC,
+    ViewSpec(8, "pad_crop", padding=2, jitter=(0.8, 0.8, 0.8, 0.2), jitter_p=0.8, blur_kernel=3, blur_p=0.5),
+]
 
 
 def _per_sample_params(index: np.ndarray, epoch: np.ndarray, seed: int = 0) -> dict[tuple[int, int], list[tuple]]:
@@ -645,11 +670,17 @@ def _per_sample_params(index: np.ndarray, epoch: np.ndarray, seed: int = 0) -> d
             key = (int(epoch[b]), int(index[b]))
             if f"g{g}_boxes" in params:
                 assert int(params[f"g{g}_boxes"][r, 0]) == b  # the box reads its own sample's image
-            out[key].append((
-                tuple(crop[r].tolist()), bool(params[f"g{g}_flip"][r]), tuple(params[f"g{g}_factors"][r].tolist()),
-                tuple(order[r]), bool(params[f"g{g}_gray"][r]) if f"g{g}_gray" in params else None, blurred.get(r),
-                bool(params[f"g{g}_solarize"][r]) if f"g{g}_solarize" in params else None,
-            ))
+            out[key].append(
+                (
+                    tuple(crop[r].tolist()),
+                    bool(params[f"g{g}_flip"][r]),
+                    tuple(params[f"g{g}_factors"][r].tolist()),
+                    tuple(order[r]),
+                    bool(params[f"g{g}_gray"][r]) if f"g{g}_gray" in params else None,
+                    blurred.get(r),
+                    bool(params[f"g{g}_solarize"][r]) if f"g{g}_solarize" in params else None,
+                )
+            )
     return out
 
 
@@ -666,6 +697,7 @@ def test_parameters_depend_on_seed_epoch_index_view_alone() -> None:
         mixed_epoch = np.concatenate([epoch[chunk], rng.integers(4, 9, 5)])
         again.update({k: v for k, v in _per_sample_params(mixed_index, mixed_epoch).items() if k[0] == 3})
     assert again == whole
+
     # different for another epoch, another index, another view, another seed: every continuous draw differs
     def factors(params: dict, key: tuple[int, int]) -> np.ndarray:
         return np.array([view[2] for view in params[key]])  # [views, 4]
@@ -677,8 +709,9 @@ def test_parameters_depend_on_seed_epoch_index_view_alone() -> None:
     for i in index:
         f = factors(whole, (3, int(i)))
         assert (f != factors(next_epoch, (4, int(i)))).all() and (f != factors(other_seed, (3, int(i)))).all()
-        same_box += sum(whole[(3, int(i))][v][0] == other[v][0] for other in (next_epoch[(4, int(i))], other_seed[(3, int(i))])
-                        for v in range(2))
+        same_box += sum(
+            whole[(3, int(i))][v][0] == other[v][0] for other in (next_epoch[(4, int(i))], other_seed[(3, int(i))]) for v in range(2)
+        )
     assert same_box <= 2, same_box
 
 
@@ -699,5 +732,9 @@ def test_eval_images_match_eval_transform() -> None:
     torch.testing.assert_close(out, on_store, atol=1e-6, rtol=0)
     # a store of another size is resized on the device in float: torchvision's resize of the float image
     bigger = torch.stack([store_image(im, StoreLayout("resize", 64))[0] for im in originals])
-    torch.testing.assert_close(eval_images(bigger, size, IMAGENET_MEAN, IMAGENET_STD),
-                               torch.stack([pipeline(im.float() / 255) for im in bigger]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        eval_images(bigger, size, IMAGENET_MEAN, IMAGENET_STD),
+        torch.stack([pipeline(im.float() / 255) for im in bigger]),
+        atol=1e-5,
+        rtol=0,
+    )

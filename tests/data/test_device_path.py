@@ -107,8 +107,9 @@ def test_disk_store_is_keyed_reused_and_rebuilt_when_files_change(tmp_path: Path
     again = build_store(ImageFileDataset(files, [0] * 10), layout, "disk", "test", cache_dir=str(tmp_path / "c"), progress=False)
     assert len(calls) == 10 and again.path == first.path  # reused: nothing decoded
     assert torch.equal(again.images, first.images)
-    other = build_store(ImageFileDataset(files, [0] * 10), StoreLayout("resize", 12), "disk", "test",
-                        cache_dir=str(tmp_path / "c"), progress=False)
+    other = build_store(
+        ImageFileDataset(files, [0] * 10), StoreLayout("resize", 12), "disk", "test", cache_dir=str(tmp_path / "c"), progress=False
+    )
     assert other.path != first.path  # the stored size is part of the key
     Image.fromarray(np.zeros((30, 40, 3), np.uint8)).save(files[3])
     os.utime(files[3], ns=(10**18, 10**18))
@@ -165,8 +166,9 @@ def test_bad_files_while_building(tmp_path: Path) -> None:
     with pytest.raises(DataConfigError, match=r"cannot read image .*002\.png.*building the image cache.*bad_files: skip"):
         build_store(ImageFileDataset(files, [0] * 8), StoreLayout("resize", 8), "memory", "the train split", progress=False)
     with pytest.warns(UserWarning, match="1 unreadable image"):
-        store = build_store(ImageFileDataset(files, list(range(8))), StoreLayout("resize", 8), "memory", "t",
-                            bad_files="skip", progress=False)
+        store = build_store(
+            ImageFileDataset(files, list(range(8))), StoreLayout("resize", 8), "memory", "t", bad_files="skip", progress=False
+        )
     assert store.unreadable() == [2]
     with pytest.warns(UserWarning, match="skipping unreadable image"):
         image, label = store[2]  # training: the next readable image stands in, with a warning
@@ -177,8 +179,17 @@ def test_bad_files_skip_leaves_the_file_out_of_evaluation_splits(tmp_path: Path)
     _jpegs(tmp_path / "train", 12)
     _jpegs(tmp_path / "test", 9)
     Path(tmp_path / "test" / "c1" / "004.png").write_bytes(b"broken")
-    dm = ImageFolderDataModule(root=str(tmp_path), image_size=16, batch_size=4, num_workers=0, val_fraction=0.25,
-                               bad_files="skip", cache="memory", augment_on="device", augment="rrc_flip")
+    dm = ImageFolderDataModule(
+        root=str(tmp_path),
+        image_size=16,
+        batch_size=4,
+        num_workers=0,
+        val_fraction=0.25,
+        bad_files="skip",
+        cache="memory",
+        augment_on="device",
+        augment="rrc_flip",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dm.setup("test")
@@ -198,8 +209,7 @@ def test_a_store_that_does_not_fit_stops_with_the_fix(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(cache_mod.shutil, "disk_usage", lambda _: Tiny())
     with pytest.raises(DataConfigError, match=r"data.cache: disk: .* needs .* which has .* free; set data.cache_dir to a larger disk"):
-        build_store(ImageFileDataset(files, [0] * 4), StoreLayout("resize", 32), "disk", "t", cache_dir=str(tmp_path / "c"),
-                    progress=False)
+        build_store(ImageFileDataset(files, [0] * 4), StoreLayout("resize", 32), "disk", "t", cache_dir=str(tmp_path / "c"), progress=False)
 
 
 # ----------------------------------------------------------------------------- the data modules
@@ -246,8 +256,18 @@ def test_both_paths_give_the_step_the_same_batches(kind: str, views: str | None,
 
 def test_views_depend_on_seed_epoch_and_index_alone() -> None:
     def dm(batch_size: int, seed: int = 0) -> OrdinalShapesDataModule:
-        m = OrdinalShapesDataModule(num_classes=3, train_size=24, val_size=8, test_size=8, image_size=16, batch_size=batch_size,
-                                    num_workers=0, train_views=SupConViews(), augment_on="device", seed=seed)
+        m = OrdinalShapesDataModule(
+            num_classes=3,
+            train_size=24,
+            val_size=8,
+            test_size=8,
+            image_size=16,
+            batch_size=batch_size,
+            num_workers=0,
+            train_views=SupConViews(),
+            augment_on="device",
+            seed=seed,
+        )
         m.setup("fit")
         return m
 
@@ -279,8 +299,9 @@ def test_a_view_transform_without_a_device_form_is_refused() -> None:
         def build(self, image_size: int, mean: Any, std: Any) -> Any:
             return SupConViews().build(image_size, mean, std)
 
-    dm = OrdinalShapesDataModule(num_classes=3, train_size=8, val_size=4, test_size=4, batch_size=4, num_workers=0,
-                                 train_views=Mine(), augment_on="device")
+    dm = OrdinalShapesDataModule(
+        num_classes=3, train_size=8, val_size=4, test_size=4, batch_size=4, num_workers=0, train_views=Mine(), augment_on="device"
+    )
     with pytest.raises(NotImplementedError, match="Mine has no device form .* set data.augment_on: loader"):
         dm.setup("fit")
 
@@ -308,11 +329,14 @@ def test_resume_in_process_is_exact_mid_epoch_on_the_device_path(views: str | No
     from cloc_lightning.methods import CEModule, SupConModule
 
     def build() -> tuple[L.LightningModule, L.LightningDataModule]:
-        kw: dict[str, Any] = dict(num_classes=3, train_size=32, val_size=8, test_size=8, batch_size=16, num_workers=0,
-                                  cache="memory", augment_on="device")
+        kw: dict[str, Any] = dict(
+            num_classes=3, train_size=32, val_size=8, test_size=8, batch_size=16, num_workers=0, cache="memory", augment_on="device"
+        )
         if views is None:
             return CEModule(num_classes=3, **SMALL), OrdinalShapesDataModule(augment="rrc_flip", **kw)
-        return SupConModule(num_classes=3, n_views=4, **SMALL), OrdinalShapesDataModule(train_views=MultiCropViews(2, 2, local_size=24), **kw)
+        return SupConModule(num_classes=3, n_views=4, **SMALL), OrdinalShapesDataModule(
+            train_views=MultiCropViews(2, 2, local_size=24), **kw
+        )
 
     full, resumed = fit_stopped_and_resumed(tmp_path, build)
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")

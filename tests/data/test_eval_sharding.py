@@ -105,8 +105,13 @@ def _stand_in_trainer(world: int, rank: int, use_distributed_sampler: bool = Tru
 
 def _shapes(val_size: int = 17, eval_batch_size: int = 8) -> OrdinalShapesDataModule:
     dm = OrdinalShapesDataModule(
-        num_classes=4, train_size=16, val_size=val_size, test_size=val_size, batch_size=8,
-        eval_batch_size=eval_batch_size, num_workers=0,
+        num_classes=4,
+        train_size=16,
+        val_size=val_size,
+        test_size=val_size,
+        batch_size=8,
+        eval_batch_size=eval_batch_size,
+        num_workers=0,
     )
     dm.setup("fit")
     dm.setup("test")

@@ -24,8 +24,9 @@ from tests.conftest import run_cli
 
 
 def _shapes(workers: int, seed: int = 0, **kw: Any) -> OrdinalShapesDataModule:
-    dm = OrdinalShapesDataModule(num_classes=4, train_size=24, val_size=8, test_size=8, batch_size=6,
-                                 num_workers=workers, augment="crop_flip", seed=seed, **kw)
+    dm = OrdinalShapesDataModule(
+        num_classes=4, train_size=24, val_size=8, test_size=8, batch_size=6, num_workers=workers, augment="crop_flip", seed=seed, **kw
+    )
     dm.setup("fit")
     return dm
 
@@ -77,7 +78,7 @@ def test_mid_epoch_load_state_dict_with_workers_continues_the_epoch() -> None:
     loader.load_state_dict({"epoch": 1, "batches": 2, "batch_size": 6})
     rest = torch.cat([x for x, _ in loader])
     assert loader.state_dict() == {"epoch": 2, "batches": 0, "batch_size": 6}
-    assert torch.equal(rest, full[2 * 6:])
+    assert torch.equal(rest, full[2 * 6 :])
 
 
 @pytest.mark.slow
@@ -86,16 +87,21 @@ def test_spawned_persistent_workers_follow_the_epoch() -> None:
     dm = _shapes(0)
     expected = [_epoch_images(dm.train_dataloader(), e) for e in range(2)]
     ds = dm.train_set
-    loader = ResumableDataLoader(ds, batch_size=6, sampler=EpochShuffleSampler(ds, 0), num_workers=2,
-                                 persistent_workers=True, multiprocessing_context="spawn", drop_last=True)
+    loader = ResumableDataLoader(
+        ds,
+        batch_size=6,
+        sampler=EpochShuffleSampler(ds, 0),
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="spawn",
+        drop_last=True,
+    )
     for e in range(2):
         assert torch.equal(_epoch_images(loader, e), expected[e]), f"epoch {e} differs with spawned workers"
 
 
 @pytest.mark.slow
-def test_cli_fit_with_workers_killed_and_resumed_equals_an_uninterrupted_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cli_fit_with_workers_killed_and_resumed_equals_an_uninterrupted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CLOC, 3 epochs of 4 steps, random crops + flips drawn in 2 persistent loader workers, margins frozen at
     epoch 1: SIGKILL at the epoch 0/1 boundary and mid-epoch 1, resume each time; the final checkpoint equals
     the uninterrupted run's bit for bit (weights, margins, Adam state, schedule, loop progress)."""
@@ -110,8 +116,9 @@ def test_cli_fit_with_workers_killed_and_resumed_equals_an_uninterrupted_run(
     _fit_killed_at(tmp_path, "chain", 4, resume=True, setup="cloc-workers")  # last.ckpt: end of epoch 0
     out = _fit_killed_at(tmp_path, "chain", 6, resume=True, setup="cloc-workers")  # mid-epoch 1
     assert "resuming from" in out
-    final = run_cli(["fit", "--config", str(_cli_config(tmp_path, "chain", setup="cloc-workers")), "--ckpt_path", "last"],
-                    tmp_path, timeout=300)
+    final = run_cli(
+        ["fit", "--config", str(_cli_config(tmp_path, "chain", setup="cloc-workers")), "--ckpt_path", "last"], tmp_path, timeout=300
+    )
     assert "resuming from" in final.stdout
 
     resumed = torch.load(_last_ckpt(tmp_path / "runs" / "chain"), map_location="cpu", weights_only=False)

@@ -62,15 +62,21 @@ def test_a_predict_csv_names_numbered_string_labels_as_the_training_csv_does(tmp
         _png(tmp_path / "img" / f"{i}.png", i)
     (tmp_path / "data.csv").write_text("path,label\n" + "".join(f"img/{i}.png,{y}\n" for i, y in enumerate(labels)))
     (tmp_path / "predict.csv").write_text("path,label\nimg/0.png,1\nimg/2.png,2\n")
-    dm = CSVDataModule(str(tmp_path / "data.csv"), task="ordinal", num_workers=0, batch_size=1, split_fractions=(1.0, 1.0, 1.0),
-                       class_names=["1", "1.5", "2"], predict_root=str(tmp_path / "predict.csv"))
+    dm = CSVDataModule(
+        str(tmp_path / "data.csv"),
+        task="ordinal",
+        num_workers=0,
+        batch_size=1,
+        split_fractions=(1.0, 1.0, 1.0),
+        class_names=["1", "1.5", "2"],
+        predict_root=str(tmp_path / "predict.csv"),
+    )
     dm.setup("fit")
     trained = {Path(f).name: t for s in (dm.train_set, dm.val_set, dm.test_set) for f, t in zip(s.base.files, s.base.targets, strict=True)}
     assert dm.class_names == ["1", "1.5", "2"] and trained["0.png"] == 0 and trained["2.png"] == 2
     dm.setup("predict")
     assert dm.predict_set is not None and dm.predict_set.base.targets == [0, 2]  # was [1, 2]
     (tmp_path / "bad.csv").write_text("path,label\nimg/0.png,3\n")
-    bad = CSVDataModule(str(tmp_path / "data.csv"), num_workers=0, class_names=["1", "1.5", "2"],
-                        predict_root=str(tmp_path / "bad.csv"))
+    bad = CSVDataModule(str(tmp_path / "data.csv"), num_workers=0, class_names=["1", "1.5", "2"], predict_root=str(tmp_path / "bad.csv"))
     with pytest.raises(DataConfigError, match=r"are not names from class_names \['1', '1.5', '2'\]: line 2: 'img/0.png'"):
         bad.setup("predict")

@@ -117,8 +117,9 @@ def test_ordinal_folders_without_numbers_need_class_order(tmp_path: Path) -> Non
     root = _age_folders(tmp_path / "words", ["young", "adult", "old"])
     with pytest.raises(DataConfigError, match=r"folders \['adult', 'old', 'young'\].*no order.*--data.class_order '\["):
         ImageFolderDataModule(str(root), task="ordinal").setup("fit")
-    dm = ImageFolderDataModule(str(root), task="ordinal", class_order=["young", "adult", "old"], val_fraction=0.0,
-                               batch_size=2, num_workers=0)
+    dm = ImageFolderDataModule(
+        str(root), task="ordinal", class_order=["young", "adult", "old"], val_fraction=0.0, batch_size=2, num_workers=0
+    )
     dm.setup("fit")
     assert dm.class_names == ["young", "adult", "old"]
 
@@ -143,8 +144,16 @@ def test_utkface_ages_outside_the_range_are_counted(tmp_path: Path) -> None:
     """Before: ages above max_age (UTKFace goes to 116) were clipped into the last class without a count."""
     for i, age in enumerate([1, 5, 30, 79, 85, 90, 116, 40]):
         _png(tmp_path / f"{age}_0_1_2017010{i}.jpg.chip.jpg", seed=i)
-    dm = UTKFaceDataModule(str(tmp_path), label_mode="age", batch_size=1, num_workers=0, drop_last=False,
-                           split_fractions=(1, 0, 0), min_age=2, test_root=str(tmp_path))
+    dm = UTKFaceDataModule(
+        str(tmp_path),
+        label_mode="age",
+        batch_size=1,
+        num_workers=0,
+        drop_last=False,
+        split_fractions=(1, 0, 0),
+        min_age=2,
+        test_root=str(tmp_path),
+    )
     with pytest.warns(UserWarning) as rec:
         dm.setup("test")
     msgs = [str(w.message) for w in rec if "clips ages" in str(w.message)]
@@ -166,8 +175,7 @@ def test_utkface_ages_outside_1_to_116_are_refused_or_skipped_with_a_count(tmp_p
     """Before (issue 42, item 4): in label_mode bins, 250 went to '60+' and 0 to '0-3' without a count."""
     for i, age in enumerate([0, 5, 30, 250, 60, 117, 40, 8]):
         _png(tmp_path / f"{age}_0_1_2017010{i}.jpg.chip.jpg", seed=i)
-    kw = dict(label_mode=label_mode, batch_size=1, num_workers=0, drop_last=False, split_fractions=(1, 0, 0),
-              test_root=str(tmp_path))
+    kw = dict(label_mode=label_mode, batch_size=1, num_workers=0, drop_last=False, split_fractions=(1, 0, 0), test_root=str(tmp_path))
     with pytest.raises(DataConfigError) as err:
         UTKFaceDataModule(str(tmp_path), **kw).setup("test")
     msg = str(err.value)
@@ -217,19 +225,41 @@ def test_bad_view_arguments_fail_at_construction() -> None:
         OrdinalShapesDataModule(image_size=8)
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), [
-    ("image_size", "0", "image_size must be >= 1, got 0"),
-    ("num_workers", "-1", "num_workers must be >= 0, got -1"),
-    ("rrc_scale", "[0, 1]", "rrc_scale min must be > 0.0"),
-])
-def test_bad_data_numbers_are_one_error_line_through_the_cli(key: str, value: str, expected: str,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("image_size", "0", "image_size must be >= 1, got 0"),
+        ("num_workers", "-1", "num_workers must be >= 0, got -1"),
+        ("rrc_scale", "[0, 1]", "rrc_scale min must be > 0.0"),
+    ],
+)
+def test_bad_data_numbers_are_one_error_line_through_the_cli(
+    key: str, value: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before: 124 lines from torchvision (image_size 0), 68 from the DataLoader (num_workers -1)."""
     from cloc_lightning.cli import main
 
-    args = ["fit", "--model", "CEModule", "--model.num_classes", "4", "--model.backbone", "test_resnet",
-            "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "8",
-            "--trainer.logger", "false", "--trainer.fast_dev_run", "true", f"--data.{key}", value]
+    args = [
+        "fit",
+        "--model",
+        "CEModule",
+        "--model.num_classes",
+        "4",
+        "--model.backbone",
+        "test_resnet",
+        "--data",
+        "OrdinalShapesDataModule",
+        "--data.num_classes",
+        "4",
+        "--data.train_size",
+        "8",
+        "--trainer.logger",
+        "false",
+        "--trainer.fast_dev_run",
+        "true",
+        f"--data.{key}",
+        value,
+    ]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 1
@@ -246,24 +276,52 @@ def test_default_arguments_are_unchanged() -> None:
     assert torch.tensor(dm.std).min() > 0
 
 
-@pytest.mark.parametrize(("case", "expected"), [
-    ("fraction", "non-integer label(s) ['2.5']: line 26: 'img/24.png' (label '2.5')"),
-    ("words", "task is ordinal but the string labels ['adult', 'old', 'young'] in the 'label' column of"),
-    ("missing", "1 of 12 image(s) listed in"),
-])
-def test_data_faults_are_one_error_line_through_the_cli(case: str, expected: str, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("fraction", "non-integer label(s) ['2.5']: line 26: 'img/24.png' (label '2.5')"),
+        ("words", "task is ordinal but the string labels ['adult', 'old', 'young'] in the 'label' column of"),
+        ("missing", "1 of 12 image(s) listed in"),
+    ],
+)
+def test_data_faults_are_one_error_line_through_the_cli(
+    case: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The user meets these in ``cloc-lightning fit``: one ``error:`` line, exit code 1, before any training."""
     from cloc_lightning.cli import main
 
-    labels = {"fraction": [str(i % 12) for i in range(24)] + ["2.5"], "words": ["young", "adult", "old"] * 4,
-              "missing": [str(i % 3) for i in range(12)]}[case]
+    labels = {
+        "fraction": [str(i % 12) for i in range(24)] + ["2.5"],
+        "words": ["young", "adult", "old"] * 4,
+        "missing": [str(i % 3) for i in range(12)],
+    }[case]
     path = _csv(tmp_path, labels, missing=(5,) if case == "missing" else ())
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--model", "CEModule", "--model.num_classes", "3", "--model.backbone", "test_resnet",
-              "--data", "CSVDataModule", "--data.csv_path", str(path), "--data.num_workers", "0",
-              "--trainer.logger", "false", "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
-              "--trainer.default_root_dir", str(tmp_path)])
+        main(
+            [
+                "fit",
+                "--model",
+                "CEModule",
+                "--model.num_classes",
+                "3",
+                "--model.backbone",
+                "test_resnet",
+                "--data",
+                "CSVDataModule",
+                "--data.csv_path",
+                str(path),
+                "--data.num_workers",
+                "0",
+                "--trainer.logger",
+                "false",
+                "--trainer.fast_dev_run",
+                "true",
+                "--trainer.accelerator",
+                "cpu",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
     assert exit_info.value.code == 1
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if "error:" in line]

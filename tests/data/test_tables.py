@@ -35,14 +35,28 @@ def test_hash_fraction_is_the_md5_of_salt_and_key() -> None:
 
 
 # ---------------------------------------------------------------- labels
-@pytest.mark.parametrize(("text", "expected"), [("3", 3), ("-1", -1), ("+2", 2), (" 3.0 ", 3), ("7.", 7),
-                                                ("3.5", None), ("1e3", None), ("x", None), ("", None)])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("3", 3), ("-1", -1), ("+2", 2), (" 3.0 ", 3), ("7.", 7), ("3.5", None), ("1e3", None), ("x", None), ("", None)]
+)
 def test_integer_label(text: str, expected: int | None) -> None:
     assert integer_label(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [("2", True), ("2.5", True), (".5", True), ("1e3", True), (" -3 ", True),
-                                                ("x", False), ("", False), ("inf", False), ("nan", False), ("1.2.3", False)])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2", True),
+        ("2.5", True),
+        (".5", True),
+        ("1e3", True),
+        (" -3 ", True),
+        ("x", False),
+        ("", False),
+        ("inf", False),
+        ("nan", False),
+        ("1.2.3", False),
+    ],
+)
 def test_is_number(text: str, expected: bool) -> None:
     assert is_number(text) is expected
 
@@ -78,8 +92,14 @@ def test_class_order_never_guesses_an_ordinal_order(labels: list[str], reason: s
 
 # ---------------------------------------------------------------- the CSV reader
 def _read(path: Path, columns: tuple[str, ...] = ("path", "label"), no_rows_fix: str = "list one image per row") -> object:
-    return read_csv_rows(path, columns, name="CSV file", fix="set data.csv_path",
-                         no_column="{path!r} has no {column!r} column (columns: {columns})", no_rows_fix=no_rows_fix)
+    return read_csv_rows(
+        path,
+        columns,
+        name="CSV file",
+        fix="set data.csv_path",
+        no_column="{path!r} has no {column!r} column (columns: {columns})",
+        no_rows_fix=no_rows_fix,
+    )
 
 
 def test_read_csv_rows_strips_skips_blank_lines_and_fills_short_rows(tmp_path: Path) -> None:

@@ -102,9 +102,14 @@ def test_cifar100_fine_labels_and_multiview(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for name, n in (("train", 40), ("test", 10)):
         with open(folder / name, "wb") as f:
-            pickle.dump({"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
-                         "fine_labels": [int(v) for v in rng.integers(0, 100, size=n)],
-                         "coarse_labels": [0] * n}, f)
+            pickle.dump(
+                {
+                    "data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                    "fine_labels": [int(v) for v in rng.integers(0, 100, size=n)],
+                    "coarse_labels": [0] * n,
+                },
+                f,
+            )
     with open(folder / "meta", "wb") as f:
         pickle.dump({"fine_label_names": [f"f{i}" for i in range(100)], "coarse_label_names": ["x"] * 20}, f)
     dm = CIFAR100DataModule(str(tmp_path), download=False, batch_size=4, num_workers=0, train_views=SupConViews(3))
@@ -139,8 +144,15 @@ def test_stl10_splits_pixels_and_unlabelled(tmp_path: Path) -> None:
     assert only._ensure_base()["train"].targets == [-1] * 12
     # few_shot caps the labelled images per class and keeps every unlabelled one
     _write_stl10(tmp_path / "two_per_class", n_train=20)
-    few = STL10DataModule(str(tmp_path / "two_per_class"), train_split="train+unlabeled", download=False, val_fraction=0.0,
-                          few_shot=1, num_workers=0, batch_size=2)
+    few = STL10DataModule(
+        str(tmp_path / "two_per_class"),
+        train_split="train+unlabeled",
+        download=False,
+        val_fraction=0.0,
+        few_shot=1,
+        num_workers=0,
+        batch_size=2,
+    )
     few.setup("fit")
     kept = few.train_set.targets
     assert kept.count(-1) == 12 and sorted(t for t in kept if t >= 0) == list(range(10))
@@ -155,8 +167,16 @@ def test_stl10_splits_pixels_and_unlabelled(tmp_path: Path) -> None:
 
 def test_supcon_trains_on_stl10_with_unlabelled_images(tmp_path: Path) -> None:
     _write_stl10(tmp_path, n_train=20, n_test=10, n_unlabeled=20)
-    dm = STL10DataModule(str(tmp_path), train_split="train+unlabeled", download=False, val_fraction=0.0,
-                         image_size=32, batch_size=8, num_workers=0, train_views=SupConViews(2))
+    dm = STL10DataModule(
+        str(tmp_path),
+        train_split="train+unlabeled",
+        download=False,
+        val_fraction=0.0,
+        image_size=32,
+        batch_size=8,
+        num_workers=0,
+        train_views=SupConViews(2),
+    )
     model = SupConModule(method="supcon", backbone=TINY_BACKBONE)
     trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=1)
     trainer.fit(model, datamodule=dm)

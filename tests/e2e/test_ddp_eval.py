@@ -49,8 +49,14 @@ BATCH_DEPENDENT = {
 
 def _shapes(views: Any = None) -> OrdinalShapesDataModule:
     return OrdinalShapesDataModule(
-        num_classes=CLASSES, train_size=16, val_size=EVAL_SIZE, test_size=EVAL_SIZE, batch_size=8,
-        eval_batch_size=EVAL_BATCH, num_workers=0, train_views=views,
+        num_classes=CLASSES,
+        train_size=16,
+        val_size=EVAL_SIZE,
+        test_size=EVAL_SIZE,
+        batch_size=8,
+        eval_batch_size=EVAL_BATCH,
+        num_workers=0,
+        train_views=views,
     )
 
 
@@ -74,8 +80,14 @@ def _build(name: str) -> tuple[L.LightningModule, L.LightningDataModule]:
 
         model = OrdinalCLIPModule(num_classes=CLASSES, clip_model="ViT-S-32-alt", clip_config=TINY_CLIP, num_context_tokens=4)
         return model, OrdinalShapesDataModule(
-            num_classes=CLASSES, train_size=16, val_size=EVAL_SIZE, test_size=EVAL_SIZE, batch_size=8,
-            eval_batch_size=EVAL_BATCH, num_workers=0, image_size=CLIP_IMG,
+            num_classes=CLASSES,
+            train_size=16,
+            val_size=EVAL_SIZE,
+            test_size=EVAL_SIZE,
+            batch_size=8,
+            eval_batch_size=EVAL_BATCH,
+            num_workers=0,
+            image_size=CLIP_IMG,
         )
     raise KeyError(name)
 
@@ -97,10 +109,14 @@ class SampleCounter(L.Callback):
     def __init__(self) -> None:
         self.rows: dict[str, int] = {"val": 0, "test": 0}
 
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self.rows["val"] += int(batch[1].shape[0])
 
-    def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self.rows["test"] += int(batch[1].shape[0])
 
 
@@ -109,8 +125,15 @@ def _evaluate(name: str, devices: int, strategy: str, root: Path) -> dict[str, A
     counter = SampleCounter()
     plot = ConfusionMatrixPlot()  # runs on rank 0 alone, on the whole test split
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), callbacks=[counter, plot],
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        callbacks=[counter, plot],
     )
     val = trainer.validate(model, datamodule=dm, verbose=False)[0]
     test = trainer.test(model, datamodule=dm, verbose=False)[0]
@@ -148,7 +171,9 @@ def test_ddp_validate_and_test_equal_one_process(ddp_results: list[dict[str, Any
     for result in ranks:
         assert sorted(result["metrics"]) == sorted(single["metrics"])
         got, want = (torch.tensor([float(m[k]) for k in compared], dtype=torch.float64) for m in (result["metrics"], single["metrics"]))
-        differ = {k: (float(a), float(b)) for k, a, b in zip(compared, got, want, strict=True) if not torch.isclose(a, b, rtol=1e-5, atol=1e-6)}
+        differ = {
+            k: (float(a), float(b)) for k, a, b in zip(compared, got, want, strict=True) if not torch.isclose(a, b, rtol=1e-5, atol=1e-6)
+        }
         assert not differ, f"DDP vs one process: {differ}"
     # the confusion matrix (rank 0, classifying modules) counts the whole test split, not rank 0's share
     if single["plotted"] is not None:

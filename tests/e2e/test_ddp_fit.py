@@ -225,8 +225,20 @@ METHODS: dict[str, Callable[[Path], tuple[L.LightningModule, L.LightningDataModu
     "linear_regressor": _linear_regressor,
 }
 #: gathers with gradients per training step (each holds both ranks' rows); 0 = none expected
-GATHERS_PER_STEP = {"ce": 0, "cloc_logits": 1, "cloc_features": 1, "supcon": 1, "simclr": 1, "linear_probe": 0,
-                    "ordinal_clip": 0, "relic": 4, "corn": 0, "coral": 0, "rnc": 1, "linear_regressor": 0}
+GATHERS_PER_STEP = {
+    "ce": 0,
+    "cloc_logits": 1,
+    "cloc_features": 1,
+    "supcon": 1,
+    "simclr": 1,
+    "linear_probe": 0,
+    "ordinal_clip": 0,
+    "relic": 4,
+    "corn": 0,
+    "coral": 0,
+    "rnc": 1,
+    "linear_regressor": 0,
+}
 
 
 def _available(name: str) -> bool:
@@ -435,10 +447,30 @@ def test_every_module_pickles(tmp_path: Path, name: str) -> None:
 def test_cli_fit_with_ddp_strategy(tmp_path: Path, tiny_shapes_args: list[str]) -> None:
     out = run_cli(
         [
-            "fit", "--model", "CLOCModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE,
-            *tiny_shapes_args, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-            "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
-            "--trainer.logger.init_args.name", "ddp", "--test_after_fit", "true",
+            "fit",
+            "--model",
+            "CLOCModule",
+            "--model.num_classes",
+            "4",
+            "--model.backbone",
+            TINY_BACKBONE,
+            *tiny_shapes_args,
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "2",
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.limit_train_batches",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.limit_test_batches",
+            "1",
+            "--trainer.logger.init_args.name",
+            "ddp",
+            "--test_after_fit",
+            "true",
         ],
         tmp_path,
     ).stdout

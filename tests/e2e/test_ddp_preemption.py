@@ -36,9 +36,18 @@ def _fit(root: Path, sigterm_at: int | None = None, ckpt: str | None = None) -> 
         num_classes=4, train_size=128, val_size=8, test_size=8, batch_size=16, num_workers=0, augment="crop_flip"
     )  # 2 processes x 16 per step: 4 steps per epoch
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, limit_val_batches=0, num_sanity_val_steps=0,
-        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
-        deterministic=True, log_every_n_steps=2,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        deterministic=True,
+        log_every_n_steps=2,
         callbacks=[] if sigterm_at is None else [SignalAtStep(sigterm_at, rank=0)],
     )
     out: dict[str, Any] = {"exit": None}
@@ -48,8 +57,11 @@ def _fit(root: Path, sigterm_at: int | None = None, ckpt: str | None = None) -> 
             trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
         except Preempted as e:
             out["exit"] = e.code
-    out.update(global_step=trainer.global_step, state={k: v.detach().clone() for k, v in model.state_dict().items()},
-               optimizer_state=trainer.optimizers[0].state_dict()["state"])
+    out.update(
+        global_step=trainer.global_step,
+        state={k: v.detach().clone() for k, v in model.state_dict().items()},
+        optimizer_state=trainer.optimizers[0].state_dict()["state"],
+    )
     return out
 
 

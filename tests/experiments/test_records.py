@@ -73,8 +73,9 @@ def test_an_old_record_with_absolute_paths_is_read_and_written_relative(tmp_path
     (runs / "ce_pre" / "seed0" / "result.json").write_text(json.dumps(old))
     data = tmp_path / "data"
     (data / "utkface").mkdir(parents=True)
-    payload = run_table("utkface", [0], out=tmp_path / "out", runs_dir=runs, rows=["ce_pre"], data_root=data,
-                        deadline="2000-01-01T00:00", command="render")  # a past deadline starts nothing: render only
+    payload = run_table(
+        "utkface", [0], out=tmp_path / "out", runs_dir=runs, rows=["ce_pre"], data_root=data, deadline="2000-01-01T00:00", command="render"
+    )  # a past deadline starts nothing: render only
     (run,) = payload["runs"]
     assert run["ok"] and run["metrics"] == old["metrics"] and run["curves"] == old["curves"] and run["wall_s"] == old["wall_s"]
     assert payload["summary"]["ce_pre"]["test/mae"]["values"] == [old["metrics"]["test/mae"]]
@@ -98,7 +99,9 @@ def test_an_old_record_with_absolute_paths_is_read_and_written_relative(tmp_path
     assert _absolute_paths(restored) == [restored["restored_from"]["file"]] == [str((tmp_path / "old" / "utkface.json").resolve())]
 
 
-@pytest.mark.parametrize("source", sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks" / "results" / "experiments").rglob("*.json")))
+@pytest.mark.parametrize(
+    "source", sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks" / "results" / "experiments").rglob("*.json"))
+)
 def test_the_committed_tables_restore_without_absolute_paths(source: str, tmp_path) -> None:
     """Every committed table (written by earlier versions, with the paths of the machines that ran them) restores."""
     payload = json.loads((REPO / source).read_text())
@@ -113,8 +116,13 @@ def test_the_committed_tables_restore_without_absolute_paths(source: str, tmp_pa
 
 
 def test_the_old_entry_point_names_the_new_command_in_one_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.experiments", "utkface", "--quick", "--rows", "ce"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.experiments", "utkface", "--quick", "--rows", "ce"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert "python -m experiments utkface --quick --rows ce" in line, line
@@ -154,9 +162,18 @@ def test_only_stops_inside_the_counted_time_are_taken_out(tmp_path) -> None:
         [t2 + 3000, t2 + 3100],  # after the run finished: not counted
     ]
     (run_dir / "paused.json").write_text(json.dumps({"paused_s": 9999, "why": ["..."], "intervals": stops}))
+
     def record() -> dict:
-        return {"row": "row", "seed": 0, "ok": True, "metrics": {}, "wall_s": 524.0 + 2000.0, "run_dir": str(run_dir),
-                "resumed": resumed, "curves": {"x": []}}
+        return {
+            "row": "row",
+            "seed": 0,
+            "ok": True,
+            "metrics": {},
+            "wall_s": 524.0 + 2000.0,
+            "run_dir": str(run_dir),
+            "resumed": resumed,
+            "curves": {"x": []},
+        }
 
     done = complete_record(TABLES["utkface"], record())
     assert done["paused_s"] == pytest.approx(161 + 24 + 300)
@@ -170,10 +187,19 @@ def test_only_stops_inside_the_counted_time_are_taken_out(tmp_path) -> None:
 def test_cached_curves_under_an_older_spec_are_read_again_from_the_logs(tmp_path) -> None:
     run = tmp_path / "ce" / "seed0"
     run.mkdir(parents=True)
-    write_csv(run / "metrics.csv", [{"epoch": 0, "step": 9, "val/mae": 1.5, "val/qwk": 0.4},
-                                     {"epoch": 1, "step": 19, "val/mae": 1.25, "val/qwk": 0.5}])
-    old = {"row": "ce", "seed": 0, "ok": True, "metrics": {}, "wall_s": 1.0, "run_dir": str(run),
-           "curves": {"val/mae": [[0, 9.0]], "val/qwk": [[0, 9.0]]}}  # keys of an earlier table version
+    write_csv(
+        run / "metrics.csv",
+        [{"epoch": 0, "step": 9, "val/mae": 1.5, "val/qwk": 0.4}, {"epoch": 1, "step": 19, "val/mae": 1.25, "val/qwk": 0.5}],
+    )
+    old = {
+        "row": "ce",
+        "seed": 0,
+        "ok": True,
+        "metrics": {},
+        "wall_s": 1.0,
+        "run_dir": str(run),
+        "curves": {"val/mae": [[0, 9.0]], "val/qwk": [[0, 9.0]]},
+    }  # keys of an earlier table version
     curves = complete_record(TABLES["utkface"], old)["curves"]
     assert curves["val/mae|val/online_probe/mae"] == [[0, 1.5], [1, 1.25]]
     assert curves["val/qwk|val/online_probe/qwk"] == [[0, 0.4], [1, 0.5]]
@@ -186,8 +212,18 @@ def test_a_tables_json_restores_its_finished_runs_on_a_new_machine(tmp_path) -> 
     table = TABLES["utkface"]
     rows = [r for r in table.rows if r.key in ("ce", "cloc_mm")]
     mae = {("ce", 0): 0.50, ("ce", 1): 0.60, ("cloc_mm", 0): 0.45}
-    runs = [{"row": k, "seed": s, "ok": True, "wall_s": 100.0 + 10 * s, "run_dir": f"old/{k}/seed{s}", "metrics": {"test/mae": v},
-             "curves": {"val/mae|val/online_probe/mae": [[0, 1.0], [1, v]]}} for (k, s), v in mae.items()]
+    runs = [
+        {
+            "row": k,
+            "seed": s,
+            "ok": True,
+            "wall_s": 100.0 + 10 * s,
+            "run_dir": f"old/{k}/seed{s}",
+            "metrics": {"test/mae": v},
+            "curves": {"val/mae|val/online_probe/mae": [[0, 1.0], [1, v]]},
+        }
+        for (k, s), v in mae.items()
+    ]
     runs.append({"row": "cloc_mm", "seed": 1, "ok": False, "wall_s": 5.0, "metrics": {}, "error": "RuntimeError: killed"})
     write_outputs(tmp_path / "old", table, rows, runs, "cmd", [0, 1], {}, False, [], {})
     source = tmp_path / "old" / "utkface.json"
@@ -205,8 +241,16 @@ def test_a_tables_json_restores_its_finished_runs_on_a_new_machine(tmp_path) -> 
 
     data = tmp_path / "data"
     (data / "utkface").mkdir(parents=True)
-    payload = run_table("utkface", [0, 1], out=tmp_path / "new", runs_dir=runs_dir, rows=["ce", "cloc_mm"], data_root=data,
-                        deadline="2000-01-01T00:00", command="render")  # a past deadline starts nothing: render only
+    payload = run_table(
+        "utkface",
+        [0, 1],
+        out=tmp_path / "new",
+        runs_dir=runs_dir,
+        rows=["ce", "cloc_mm"],
+        data_root=data,
+        deadline="2000-01-01T00:00",
+        command="render",
+    )  # a past deadline starts nothing: render only
     assert payload["summary"]["ce"]["test/mae"]["values"] == [0.50, 0.70]
     assert payload["summary"]["cloc_mm"]["test/mae"]["values"] == [0.45]
     assert payload["summary"]["cloc_mm"]["wall_s"]["mean"] == 100.0

@@ -54,8 +54,23 @@ def test_fit_command_puts_seed_and_logger_last(tmp_path) -> None:
 
 def _run_quick(table: str, rows: list[str], tmp_path) -> dict:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "experiments", table, "--quick", "--seeds", "0", "--rows", *rows,
-           "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--data-root", str(SHARED_DATA)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments",
+        table,
+        "--quick",
+        "--seeds",
+        "0",
+        "--rows",
+        *rows,
+        "--out",
+        str(out),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--data-root",
+        str(SHARED_DATA),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     payload = json.loads((out / f"{table}.json").read_text())
@@ -118,7 +133,10 @@ def test_quick_utkface_ordinal_baselines_and_rnc_two_stages(tmp_path) -> None:
     assert runs["rnc"]["encoder_ckpt"] == "$RUNS/rnc/seed0/encoder_ckpt.pt" and "init_weights" not in runs["rnc"]
     kept = torch.load(encoder, map_location="cpu", weights_only=False)
     assert "optimizer_states" not in kept and any(k.startswith("backbone.") for k in kept["state_dict"])
-    assert runs["rnc_linear"]["commands"][0][runs["rnc_linear"]["commands"][0].index("--model.encoder_ckpt") + 1] == "$RUNS/rnc/seed0/encoder_ckpt.pt"
+    assert (
+        runs["rnc_linear"]["commands"][0][runs["rnc_linear"]["commands"][0].index("--model.encoder_ckpt") + 1]
+        == "$RUNS/rnc/seed0/encoder_ckpt.pt"
+    )
     assert not list((tmp_path / "runs").rglob("*.ckpt"))
 
 
@@ -176,8 +194,9 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path) -> None:
     assert "code" not in attempts[0]  # an attempt from before attempt.json: its code is unknown
     # a second interruption: the attempt that attempt.json describes keeps the code it ran with
     code = {"git_commit": "c" * 40, "git_dirty": False, "torch": "x", "lightning": "y"}
-    (run / "attempt.json").write_text(json.dumps({"started": start + 200.0, "started_utc": "2026-11-24 16:00:00",
-                                                   "earlier": attempts, "code": code}))
+    (run / "attempt.json").write_text(
+        json.dumps({"started": start + 200.0, "started_utc": "2026-11-24 16:00:00", "earlier": attempts, "code": code})
+    )
     os.utime(last, (start + 230.0, start + 230.0))
     attempts = _prepare_resume(run, last)
     assert len(attempts) == 2 and attempts[1]["code"] == code and attempts[1]["wall_s"] == pytest.approx(30.0, abs=1.0)
@@ -196,7 +215,9 @@ def test_rows_that_start_from_another_row_come_after_it(tmp_path) -> None:
             found += 1
             assert row.init_from in keys[:i], f"{table.name}/{row.key}: its source {row.init_from} must be an earlier row"
             cmd = fit_command(table, row, 3, tmp_path / row.key / "seed3", SHARED_DATA, quick=False, extra=[])
-            flag, name = {"init_from": ("--model.init_from", INIT_WEIGHTS), "encoder_ckpt": ("--model.encoder_ckpt", ENCODER_CKPT)}[row.init_arg]
+            flag, name = {"init_from": ("--model.init_from", INIT_WEIGHTS), "encoder_ckpt": ("--model.encoder_ckpt", ENCODER_CKPT)}[
+                row.init_arg
+            ]
             kinds.add(row.init_arg)
             assert cmd[cmd.index(flag) + 1] == str(tmp_path / row.init_from / "seed3" / name)
             source = table.rows[keys.index(row.init_from)]
@@ -209,8 +230,7 @@ def test_a_row_without_its_sources_weights_fails_naming_the_fix(tmp_path) -> Non
 
     table = TABLES["utkface"]
     row = next(r for r in table.rows if r.key == "ce_simclr")
-    rec = run_one(table, row, 1, tmp_path / "ce_simclr" / "seed1", SHARED_DATA, quick=True, extra=[], timeout=60,
-                  keep_checkpoints=False)
+    rec = run_one(table, row, 1, tmp_path / "ce_simclr" / "seed1", SHARED_DATA, quick=True, extra=[], timeout=60, keep_checkpoints=False)
     assert not rec["ok"] and not rec["commands"]  # nothing ran
     assert "run --rows simclr --seeds 1 first" in rec["error"] and str(tmp_path / "simclr" / "seed1" / "init_weights.pt") in rec["error"]
 
@@ -282,8 +302,17 @@ def test_the_deadline_estimates_a_run_from_its_own_rows_runs_only(tmp_path, monk
     def fake_run_one(table, row, seed, run_dir, data_root, quick, extra, timeout, keep_checkpoints, resume=True):
         started.append((row.key, seed))
         run_dir.mkdir(parents=True, exist_ok=True)
-        rec = {"row": row.key, "seed": seed, "run_dir": str(run_dir), "commands": [], "metrics": {"test/mae": 0.5},
-               "ok": True, "wall_s": walls[row.key], "code": {}, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+        rec = {
+            "row": row.key,
+            "seed": seed,
+            "run_dir": str(run_dir),
+            "commands": [],
+            "metrics": {"test/mae": 0.5},
+            "ok": True,
+            "wall_s": walls[row.key],
+            "code": {},
+            "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        }
         (run_dir / "result.json").write_text(json.dumps(rec))
         return rec
 
@@ -291,8 +320,9 @@ def test_the_deadline_estimates_a_run_from_its_own_rows_runs_only(tmp_path, monk
     data = tmp_path / "data"
     (data / "utkface").mkdir(parents=True)
     deadline = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 300))
-    ex.run_table("utkface", [0, 1], out=tmp_path / "out", runs_dir=tmp_path / "runs", rows=["ce", "corn"], data_root=data,
-                 deadline=deadline)
+    ex.run_table(
+        "utkface", [0, 1], out=tmp_path / "out", runs_dir=tmp_path / "runs", rows=["ce", "corn"], data_root=data, deadline=deadline
+    )
     # seed 0: both rows have no runs yet and start; seed 1: ce's own 1000 s run says it cannot finish, corn's 30 s can
     assert started == [("ce", 0), ("corn", 0), ("corn", 1)]
 
@@ -309,8 +339,17 @@ def test_the_deadline_estimate_reads_the_rows_runs_of_other_seeds_cached_on_disk
 
     def fake_run_one(table, row, seed, run_dir, data_root, quick, extra, timeout, keep_checkpoints, resume=True):
         started.append((row.key, seed))
-        return {"row": row.key, "seed": seed, "run_dir": str(run_dir), "commands": [], "metrics": {"test/mae": 0.5},
-                "ok": True, "wall_s": 10.0, "code": {}, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+        return {
+            "row": row.key,
+            "seed": seed,
+            "run_dir": str(run_dir),
+            "commands": [],
+            "metrics": {"test/mae": 0.5},
+            "ok": True,
+            "wall_s": 10.0,
+            "code": {},
+            "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        }
 
     def cache(row: str, seed: int, wall: float, ok: bool = True) -> None:
         d = tmp_path / "runs" / row / f"seed{seed}"
@@ -325,8 +364,7 @@ def test_the_deadline_estimate_reads_the_rows_runs_of_other_seeds_cached_on_disk
     data = tmp_path / "data"
     (data / "utkface").mkdir(parents=True)
     deadline = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 300))
-    ex.run_table("utkface", [2], out=tmp_path / "out", runs_dir=tmp_path / "runs", rows=["ce", "corn"], data_root=data,
-                 deadline=deadline)
+    ex.run_table("utkface", [2], out=tmp_path / "out", runs_dir=tmp_path / "runs", rows=["ce", "corn"], data_root=data, deadline=deadline)
     assert started == [("corn", 2)]
     assert row_walls([], tmp_path / "runs", "ce") == [1000.0, 900.0]
     assert row_walls([], tmp_path / "runs", "corn") == []

@@ -24,13 +24,7 @@ def test_format_mean_std_matches_sample_std() -> None:
 
 def test_read_test_metrics_takes_the_logged_test_row(tmp_path) -> None:
     # the layout CSVLogger writes: train rows, validation rows, then the test row
-    csv_text = (
-        "epoch,step,train/loss,val/mae,test/mae,test/qwk\n"
-        "0,9,1.5,,,\n"
-        "0,9,,2.0,,\n"
-        "1,19,,1.5,,\n"
-        "1,20,,,1.25,0.5\n"
-    )
+    csv_text = "epoch,step,train/loss,val/mae,test/mae,test/qwk\n0,9,1.5,,,\n0,9,,2.0,,\n1,19,,1.5,,\n1,20,,,1.25,0.5\n"
     path = tmp_path / "metrics.csv"
     path.write_text(csv_text)
     assert read_test_metrics(path) == {"test/mae": 1.25, "test/qwk": 0.5}
@@ -53,26 +47,30 @@ def test_aggregate_over_seeds_ignores_failed_runs() -> None:
     assert agg["b"]["m"]["n"] == 1 and math.isnan(agg["b"]["m"]["std"])
 
 
-
-
 def test_cloc_share_per_epoch_from_logged_or_derived_values(tmp_path) -> None:
     from experiments.logs import cloc_share
 
     # a run that predates train/cloc_share: derived as 1 - ce / loss (loss = ce + lambda * cloc)
-    write_csv(tmp_path / "metrics.csv", [
-        {"epoch": 0, "step": 19, "train/loss": 2.0, "train/ce": 1.9, "train/cloc": 0.1},
-        {"epoch": 0, "step": 39, "train/loss": 1.0, "train/ce": 0.9, "train/cloc": 0.1},
-        {"epoch": 0, "step": 40, "val/mae": 1.0},
-        {"epoch": 3, "step": 99, "train/loss": 0.5, "train/ce": 0.25, "train/cloc": 0.25},
-    ])
+    write_csv(
+        tmp_path / "metrics.csv",
+        [
+            {"epoch": 0, "step": 19, "train/loss": 2.0, "train/ce": 1.9, "train/cloc": 0.1},
+            {"epoch": 0, "step": 39, "train/loss": 1.0, "train/ce": 0.9, "train/cloc": 0.1},
+            {"epoch": 0, "step": 40, "val/mae": 1.0},
+            {"epoch": 3, "step": 99, "train/loss": 0.5, "train/ce": 0.25, "train/cloc": 0.25},
+        ],
+    )
     share = cloc_share(tmp_path)
     assert share["train/cloc_share_first"] == pytest.approx((0.1 / 2.0 + 0.1 / 1.0) / 2)
     assert share["train/cloc_share_last"] == pytest.approx(0.5)
     # logged by CLOCModule: taken as logged
-    write_csv(tmp_path / "metrics.csv", [
-        {"epoch": 0, "step": 19, "train/loss": 2.0, "train/ce": 1.0, "train/cloc": 1.0, "train/cloc_share": 0.3},
-        {"epoch": 1, "step": 39, "train/loss": 2.0, "train/ce": 1.0, "train/cloc": 1.0, "train/cloc_share": 0.2},
-    ])
+    write_csv(
+        tmp_path / "metrics.csv",
+        [
+            {"epoch": 0, "step": 19, "train/loss": 2.0, "train/ce": 1.0, "train/cloc": 1.0, "train/cloc_share": 0.3},
+            {"epoch": 1, "step": 39, "train/loss": 2.0, "train/ce": 1.0, "train/cloc": 1.0, "train/cloc_share": 0.2},
+        ],
+    )
     assert cloc_share(tmp_path) == {"train/cloc_share_first": 0.3, "train/cloc_share_last": 0.2}
     # CE runs have no CLOC term
     write_csv(tmp_path / "metrics.csv", [{"epoch": 0, "step": 19, "train/loss": 2.0}])
@@ -93,7 +91,7 @@ def test_curve_metric_alternatives_take_the_key_each_run_logged(tmp_path) -> Non
     from experiments.logs import curves
     from experiments.tables import CIFAR10
 
-    (spec, _), = CIFAR10.curve_metrics
+    ((spec, _),) = CIFAR10.curve_metrics
     assert spec == "val/online_probe/acc|val/acc"
     pre, ce, both = tmp_path / "pre", tmp_path / "ce", tmp_path / "both"
     for d in (pre, ce, both):

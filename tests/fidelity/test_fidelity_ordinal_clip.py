@@ -232,8 +232,9 @@ def test_seed_config_builds_module_with_seed_settings() -> None:
 def test_radam_weight_decay_is_decoupled_as_the_seed() -> None:
     """Seed RAdam: p <- p - lr*wd*p.  With a zero gradient the adaptive part is 0, so only decay acts."""
     p = nn.Parameter(torch.ones(3))
-    m = OrdinalCLIPModule(num_classes=4, clip_model="ViT-S-32-alt", clip_config=TINY, num_context_tokens=2,
-                          optimizer="radam", lr=0.1, weight_decay=0.5)
+    m = OrdinalCLIPModule(
+        num_classes=4, clip_model="ViT-S-32-alt", clip_config=TINY, num_context_tokens=2, optimizer="radam", lr=0.1, weight_decay=0.5
+    )
     opt = m.build_optimizer([{"params": [p]}])
     for _ in range(10):
         p.grad = torch.zeros(3)
@@ -299,8 +300,15 @@ def test_seed_normal_interpolation_has_nan_rows_ours_is_finite_and_equal() -> No
             nearest = dist <= dist.min(1, keepdim=True).values + 1e-9  # one base, or two at a tie
             assert nearest.gather(1, ours[rows].argmax(1, keepdim=True)).all()  # the largest weight is a nearest base's
         # where the seed's row sum is a normal float32: equal up to float32 rounding of its base positions
-        raw = torch.exp(-((torch.arange(R, dtype=torch.float32)[:, None] - (
-            torch.linspace(0, R - 1, 3)[1:2] if B == 1 else torch.linspace(0, R - 1, B))[None]) ** 2))
+        raw = torch.exp(
+            -(
+                (
+                    torch.arange(R, dtype=torch.float32)[:, None]
+                    - (torch.linspace(0, R - 1, 3)[1:2] if B == 1 else torch.linspace(0, R - 1, B))[None]
+                )
+                ** 2
+            )
+        )
         normal = finite & (raw.sum(1) >= tiny)
         torch.testing.assert_close(ours[normal], seed[normal], atol=5e-5, rtol=0)
         # the same formula in float64 (finite for these sizes except the farthest rows): equal to 1e-12

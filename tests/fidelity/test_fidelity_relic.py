@@ -136,8 +136,9 @@ def test_encoder_bn_train_default_moves_running_statistics(tmp_path: Path) -> No
 
 
 # =============================================================================== 2. penalty filtering
-def _seed_loss_numpy(x: np.ndarray, xp: np.ndarray, tau: float, b: float, gamma: float, alpha: float,
-                     step: int, warmup: int, thr: float) -> float:
+def _seed_loss_numpy(
+    x: np.ndarray, xp: np.ndarray, tau: float, b: float, gamma: float, alpha: float, step: int, warmup: int, thr: float
+) -> float:
     """The seed's ``scl_loss`` with ``penalty_filtering=True`` at ``global_step = step`` (the shared loop reference)."""
     return sigmoid_loop_reference(x, xp, tau, b, alpha=alpha, gamma=gamma, threshold=filtering_threshold(step, warmup, thr))[0]
 
@@ -167,8 +168,18 @@ def test_penalty_filtering_matches_the_seed_value_gradients_and_boundary(gamma: 
         xg, xpg = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)
         tau_t = torch.tensor(tau, dtype=torch.float64, requires_grad=True)
         b_t = torch.tensor(b, dtype=torch.float64, requires_grad=True)
-        loss, _ = sigmoid_contrastive_loss(xg, xpg, tau_t, b_t, alpha=1.0, gamma=gamma, global_step=step,
-                                           penalty_filtering=True, filtering_warmup_steps=warmup, filtering_threshold=thr)
+        loss, _ = sigmoid_contrastive_loss(
+            xg,
+            xpg,
+            tau_t,
+            b_t,
+            alpha=1.0,
+            gamma=gamma,
+            global_step=step,
+            penalty_filtering=True,
+            filtering_warmup_steps=warmup,
+            filtering_threshold=thr,
+        )
         assert loss.item() == pytest.approx(ref, rel=1e-10), step
         loss.backward()
 
@@ -177,17 +188,23 @@ def test_penalty_filtering_matches_the_seed_value_gradients_and_boundary(gamma: 
 
         np.testing.assert_allclose(xg.grad.numpy(), _central_differences(f, xa), rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(xpg.grad.numpy(), _central_differences(f, xpa), rtol=1e-5, atol=1e-7)
-        g_b = (_seed_loss_numpy(xa, xpa, tau, b + 1e-6, gamma, 1.0, step, warmup, thr)
-               - _seed_loss_numpy(xa, xpa, tau, b - 1e-6, gamma, 1.0, step, warmup, thr)) / 2e-6
-        g_tau = (_seed_loss_numpy(xa, xpa, tau + 1e-6, b, gamma, 1.0, step, warmup, thr)
-                 - _seed_loss_numpy(xa, xpa, tau - 1e-6, b, gamma, 1.0, step, warmup, thr)) / 2e-6
+        g_b = (
+            _seed_loss_numpy(xa, xpa, tau, b + 1e-6, gamma, 1.0, step, warmup, thr)
+            - _seed_loss_numpy(xa, xpa, tau, b - 1e-6, gamma, 1.0, step, warmup, thr)
+        ) / 2e-6
+        g_tau = (
+            _seed_loss_numpy(xa, xpa, tau + 1e-6, b, gamma, 1.0, step, warmup, thr)
+            - _seed_loss_numpy(xa, xpa, tau - 1e-6, b, gamma, 1.0, step, warmup, thr)
+        ) / 2e-6
         assert b_t.grad.item() == pytest.approx(g_b, rel=1e-5) and tau_t.grad.item() == pytest.approx(g_tau, rel=1e-5)
     # the warm-up step itself is still the weighted loss; filtering (unweighted) starts one step later
     weighted = _seed_loss_numpy(xa, xpa, tau, b, gamma, 0.0, 0, warmup, thr)
-    at_warmup = sigmoid_contrastive_loss(x, xp, tau, b, gamma=gamma, global_step=warmup, penalty_filtering=True,
-                                         filtering_warmup_steps=warmup, filtering_threshold=thr)[0].item()
-    after = sigmoid_contrastive_loss(x, xp, tau, b, gamma=gamma, global_step=warmup + 1, penalty_filtering=True,
-                                     filtering_warmup_steps=warmup, filtering_threshold=thr)[0].item()
+    at_warmup = sigmoid_contrastive_loss(
+        x, xp, tau, b, gamma=gamma, global_step=warmup, penalty_filtering=True, filtering_warmup_steps=warmup, filtering_threshold=thr
+    )[0].item()
+    after = sigmoid_contrastive_loss(
+        x, xp, tau, b, gamma=gamma, global_step=warmup + 1, penalty_filtering=True, filtering_warmup_steps=warmup, filtering_threshold=thr
+    )[0].item()
     assert at_warmup == pytest.approx(weighted, rel=1e-12) and after > at_warmup + 0.1
 
 
@@ -196,14 +213,16 @@ def test_penalty_filtering_drops_the_weight_of_kept_pairs_about_twice_the_loss_a
     unweighted filtered loss is about twice the weighted one at gamma = 1 (the issue's 3.37 vs 6.75)."""
     g = torch.Generator().manual_seed(0)
     x, xp = torch.randn(64, 16, generator=g), torch.randn(64, 16, generator=g)
-    crit = SigmoidContrastiveLoss(init_tau=0.0, init_b=0.0, gamma=1.0, penalty_filtering=True, filtering_warmup_steps=10,
-                                  filtering_threshold=0.05)
+    crit = SigmoidContrastiveLoss(
+        init_tau=0.0, init_b=0.0, gamma=1.0, penalty_filtering=True, filtering_warmup_steps=10, filtering_threshold=0.05
+    )
     weighted = crit(x, xp, global_step=10)
     filtered = crit(x, xp, global_step=11)
     ref = _seed_loss_numpy(x.double().numpy(), xp.double().numpy(), 0.0, 0.0, 1.0, 0.0, 11, 10, 0.05)
     assert filtered.item() == pytest.approx(ref, rel=1e-5)
-    assert weighted.item() == pytest.approx(_seed_loss_numpy(x.double().numpy(), xp.double().numpy(), 0.0, 0.0, 1.0, 0.0,
-                                                             10, 10, 0.05), rel=1e-5)
+    assert weighted.item() == pytest.approx(
+        _seed_loss_numpy(x.double().numpy(), xp.double().numpy(), 0.0, 0.0, 1.0, 0.0, 10, 10, 0.05), rel=1e-5
+    )
     assert 1.7 < filtered.item() / weighted.item() < 2.3
 
 
@@ -225,8 +244,7 @@ def _seed_pipeline_values(image_size: int) -> dict:
     """The seed's ``scl/aug.py`` values for ``ViewGenerator(image_size, 2, 4)``, computed here."""
     tenth = int(image_size * 0.1)
     kernel = tenth if tenth % 2 == 1 else tenth + 1  # the next odd integer >= int(size / 10)
-    common = dict(flip_p=0.5, jitter=(0.8, 0.8, 0.8, 0.2), jitter_p=0.8, gray_p=0.2, blur_kernel=kernel,
-                  blur_sigma=(0.1, 2.0), blur_p=1.0)
+    common = dict(flip_p=0.5, jitter=(0.8, 0.8, 0.8, 0.2), jitter_p=0.8, gray_p=0.2, blur_kernel=kernel, blur_sigma=(0.1, 2.0), blur_p=1.0)
     return {
         "global": dict(common, size=image_size, scale=(0.1, 1.0), solarize=(127, 0.2)),
         "local": dict(common, size=int(image_size * 3 / 7), scale=(0.05, 1.0), solarize=None),
@@ -283,14 +301,18 @@ def _assert_matches_seed(transform: object, image_size: int) -> None:
 
 @pytest.mark.parametrize("image_size", [32, 64, 96])
 def test_multicrop_seed_options_build_the_seed_pipeline(image_size: int) -> None:
-    views = MultiCropViews(num_local_views=4, blur_p=1.0, blur_kernel_from="global", local_size_rounding="floor",
-                           solarize_threshold=127)
+    views = MultiCropViews(num_local_views=4, blur_p=1.0, blur_kernel_from="global", local_size_rounding="floor", solarize_threshold=127)
     _assert_matches_seed(views.build(image_size, IMAGENET_MEAN, IMAGENET_STD), image_size)
     # the defaults differ from the seed where documented: blur p 0.5, threshold 128, kernel of each
     # crop, round(3/7 size), no local views
     default = MultiCropViews()
-    assert (default.blur_p, default.solarize_threshold, default.blur_kernel_from, default.local_size_rounding,
-            default.num_local_views) == (0.5, 128, "crop", "round", 0)
+    assert (default.blur_p, default.solarize_threshold, default.blur_kernel_from, default.local_size_rounding, default.num_local_views) == (
+        0.5,
+        128,
+        "crop",
+        "round",
+        0,
+    )
     assert default.sizes(32) == (32, 14) and views.sizes(32) == (32, 13)
     assert default.blur_kernels(96) == (9, 5) and views.blur_kernels(96) == (9, 9)
 
@@ -337,8 +359,16 @@ class _BetaRecorder(ReLICModule):
 def test_scl_train_beta_schedule_in_a_real_fit(tmp_path: Path, every: int) -> None:
     """4 batches per epoch, 3 epochs: the coefficients a Trainer applies equal the seed loop's."""
     L.seed_everything(0)
-    m = _BetaRecorder(backbone=TINY_BACKBONE, beta=0.9, beta_schedule="scl_train", update_beta_after_step=1,
-                      update_beta_every_n_steps=every, projector_hidden_dim=16, projector_dim=8, **QUIET)
+    m = _BetaRecorder(
+        backbone=TINY_BACKBONE,
+        beta=0.9,
+        beta_schedule="scl_train",
+        update_beta_after_step=1,
+        update_beta_every_n_steps=every,
+        projector_hidden_dim=16,
+        projector_dim=8,
+        **QUIET,
+    )
     trainer = _trainer(tmp_path, max_epochs=3)
     trainer.fit(m, datamodule=_dm(MultiCropViews(2, 0)))
     assert trainer.global_step == 12 and m.beta_horizon() == 4 * 5 - 1
@@ -384,8 +414,7 @@ def _l2(a: np.ndarray) -> np.ndarray:
 
 
 def test_sigmoid_cl_probe_preset_equals_sklearn_with_the_seeds_settings() -> None:
-    assert probe_settings("sigmoid_cl") == {"C": 1.0, "max_iter": 100, "normalize": True, "standardize": False,
-                                            "calibrated": True}
+    assert probe_settings("sigmoid_cl") == {"C": 1.0, "max_iter": 100, "normalize": True, "standardize": False, "calibrated": True}
     assert probe_settings() == PROBE_PRESETS["default"] and probe_settings("sigmoid_cl", max_iter=7)["max_iter"] == 7
     with pytest.raises(ValueError, match="preset"):
         probe_settings("seed_v2")
@@ -394,8 +423,9 @@ def test_sigmoid_cl_probe_preset_equals_sklearn_with_the_seeds_settings() -> Non
     y = rng.integers(0, 4, size=260)
     X = _l2(centres[y] + 1.5 * rng.normal(size=(260, 12))).astype(np.float32)
     s = probe_settings("sigmoid_cl")
-    ours = logistic_regression_probe(X[:200], y[:200], X[200:], y[200:], C=s["C"], max_iter=s["max_iter"],
-                                     standardize=s["standardize"], calibrated=s["calibrated"])
+    ours = logistic_regression_probe(
+        X[:200], y[:200], X[200:], y[200:], C=s["C"], max_iter=s["max_iter"], standardize=s["standardize"], calibrated=s["calibrated"]
+    )
     top1, _ = _seed_probe(X[:200], y[:200], X[200:], y[200:])
     assert ours["top1"] == top1 and 0.4 < top1 < 1.0
 
@@ -411,8 +441,7 @@ def relic_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _probe_data() -> OrdinalShapesDataModule:
-    return OrdinalShapesDataModule(num_classes=4, train_size=96, val_size=16, test_size=48, batch_size=16, num_workers=0,
-                                   noise=2.0)
+    return OrdinalShapesDataModule(num_classes=4, train_size=96, val_size=16, test_size=48, batch_size=16, num_workers=0, noise=2.0)
 
 
 def test_probe_checkpoint_and_cli_preset_sigmoid_cl_equal_sklearn_on_target_features(relic_ckpt: Path, tmp_path: Path) -> None:
@@ -429,8 +458,32 @@ def test_probe_checkpoint_and_cli_preset_sigmoid_cl_equal_sklearn_on_target_feat
     assert res["top1"] == pytest.approx(top1, abs=1e-12)
     # the command line reaches the same preset
     out = tmp_path / "probe.json"
-    main(["probe", "--preset", "sigmoid_cl", "--ckpt", str(relic_ckpt), "--data", "OrdinalShapesDataModule",
-          "--data.num_classes", "4", "--data.train_size", "96", "--data.val_size", "16", "--data.test_size", "48",
-          "--data.batch_size", "16", "--data.num_workers", "0", "--data.noise", "2.0", "--output", str(out)])
+    main(
+        [
+            "probe",
+            "--preset",
+            "sigmoid_cl",
+            "--ckpt",
+            str(relic_ckpt),
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "4",
+            "--data.train_size",
+            "96",
+            "--data.val_size",
+            "16",
+            "--data.test_size",
+            "48",
+            "--data.batch_size",
+            "16",
+            "--data.num_workers",
+            "0",
+            "--data.noise",
+            "2.0",
+            "--output",
+            str(out),
+        ]
+    )
     cli = json.loads(out.read_text())
     assert cli["top1"] == pytest.approx(top1, abs=1e-12) and cli["settings"] == probe_settings("sigmoid_cl")

@@ -153,7 +153,9 @@ def test_supervised_and_linear_configs_state_the_seeds_settings() -> None:
 def _our_learning_rates(model: L.LightningModule, epochs: int, n_batches: int) -> list[float]:
     """Every step's learning rate from the module's own ``configure_optimizers`` (a stand-in trainer of the config's size)."""
     model._trainer = SimpleNamespace(  # what configure_optimizers reads from the trainer
-        estimated_stepping_batches=epochs * n_batches, num_training_batches=n_batches, accumulate_grad_batches=1,
+        estimated_stepping_batches=epochs * n_batches,
+        num_training_batches=n_batches,
+        accumulate_grad_batches=1,
         max_epochs=epochs,
     )
     conf = model.configure_optimizers()
@@ -234,8 +236,9 @@ def _crop(transform: Any) -> v2.RandomResizedCrop:
 
 
 def test_rrc_scale_reaches_the_train_transform(tmp_path: Path) -> None:
-    dm = OrdinalShapesDataModule(num_classes=4, train_size=16, val_size=8, test_size=8, batch_size=4, num_workers=0,
-                                 augment="rrc_flip", rrc_scale=(0.2, 1.0))
+    dm = OrdinalShapesDataModule(
+        num_classes=4, train_size=16, val_size=8, test_size=8, batch_size=4, num_workers=0, augment="rrc_flip", rrc_scale=(0.2, 1.0)
+    )
     dm.setup("fit")
     assert tuple(_crop(dm.train_set.transform).scale) == (0.2, 1.0)
     x, _ = dm.train_set[0]
@@ -249,8 +252,7 @@ def test_rrc_scale_reaches_the_train_transform(tmp_path: Path) -> None:
     assert tuple(_crop(folder.train_image_transform()).scale) == (0.25, 1.0)
 
 
-@pytest.mark.parametrize("rel", ["linear_probe/cifar10.yaml", "linear_probe/cifar10_cpu.yaml", "ce/cifar10.yaml",
-                                 "ce/cifar10_cpu.yaml"])
+@pytest.mark.parametrize("rel", ["linear_probe/cifar10.yaml", "linear_probe/cifar10_cpu.yaml", "ce/cifar10.yaml", "ce/cifar10_cpu.yaml"])
 def test_configs_build_the_seeds_crop(tmp_path: Path, rel: str) -> None:
     """main_ce.py's set_loader (also main_linear.py's): RandomResizedCrop(32, scale=(0.2, 1.)) then a flip."""
     data = _config(rel)["data"]
@@ -363,8 +365,12 @@ def test_linear_stage_logs_final_and_best_over_a_fit(
 ) -> None:
     expected = _expected(task)
     rec = Recorder()
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc" if task == "nominal" else "val/mae",
-                           mode="max" if task == "nominal" else "min", save_last=False)
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt",
+        monitor="val/acc" if task == "nominal" else "val/mae",
+        mode="max" if task == "nominal" else "min",
+        save_last=False,
+    )
     logger = CSVLogger(str(tmp_path), name="lin", version=0)
     model = _probe(encoder_file, task)
     train, val = _loaders()

@@ -188,7 +188,8 @@ class StepProbe(Callback):
             "log_dir": trainer.log_dir,
             # the last logged training losses (read here, after the fit: a sync outside the checked window)
             "train_losses": {
-                k: float(v) for k, v in trainer.callback_metrics.items()
+                k: float(v)
+                for k, v in trainer.callback_metrics.items()
                 if k.startswith("train/loss") and isinstance(v, torch.Tensor) and v.numel() == 1
             },
         }

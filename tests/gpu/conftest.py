@@ -84,8 +84,11 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"torch": torch.__version__, "lightning": lightning.__version__, "cuda": torch.version.cuda}
     if CUDA:
         props = torch.cuda.get_device_properties(0)
-        env.update(device=torch.cuda.get_device_name(0), memory_gib=round(props.total_memory / 2**30, 1),
-                   capability=".".join(map(str, torch.cuda.get_device_capability(0))))
+        env.update(
+            device=torch.cuda.get_device_name(0),
+            memory_gib=round(props.total_memory / 2**30, 1),
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+        )
     else:
         env["device"] = "cpu (CLOC_GPU_TRY_ON_CPU=1: a harness check, not a measurement)"
     if WORKER:
@@ -99,8 +102,7 @@ class Table:
     under a file lock, to ``<tmp>/cloc-gpu-rows-<run id>/<name>.jsonl`` (outside the output folder), and
     the tables are rebuilt from all rows, sorted by ``sort_key``."""
 
-    def __init__(self, out: Path, name: str, title: str, columns: list[tuple[str, str]], notes: list[str],
-                 sort_key: Any = None) -> None:
+    def __init__(self, out: Path, name: str, title: str, columns: list[tuple[str, str]], notes: list[str], sort_key: Any = None) -> None:
         self.out, self.name, self.title, self.columns, self.notes, self.sort_key = out, name, title, columns, notes, sort_key
         rows_dir = Path(tempfile.gettempdir()) / f"cloc-gpu-rows-{RUN_ID[:12]}"
         rows_dir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +122,13 @@ class Table:
         if value is None:
             return "–"
         if isinstance(value, float):
-            return f"{value:.3g}" if abs(value) < 1e-2 and value != 0 else f"{value:.1f}" if abs(value) >= 100 else f"{value:.3f}".rstrip("0").rstrip(".")
+            return (
+                f"{value:.3g}"
+                if abs(value) < 1e-2 and value != 0
+                else f"{value:.1f}"
+                if abs(value) >= 100
+                else f"{value:.3f}".rstrip("0").rstrip(".")
+            )
         return str(value).replace("|", "\\|").replace("\n", " ")
 
     def _replace(self, suffix: str, text: str) -> None:
@@ -204,40 +212,68 @@ def stage_one_folders() -> dict[str, Path]:
 def configs_table(gpu_out: Path) -> Table:
     """``gpu_configs.{json,md}``: one row per shipped config × precision."""
     order = {p: i for i, p in enumerate(["32-true", "16-mixed", "bf16-mixed"])}
-    return Table(gpu_out, "gpu_configs", "Shipped configs on one device: memory, step time, host syncs", [
-        ("config", "config"), ("precision", "precision"), ("status", "status"), ("data", "data"),
-        ("batches", "batches"), ("checked_batches", "sync-checked batches"), ("n_syncs", "host syncs"),
-        ("sync_sites", "sync sites"), ("scaler_steps_unchecked", "GradScaler steps (unchecked)"),
-        ("peak_alloc_mib", "peak allocated (MiB)"), ("peak_reserved_mib", "peak reserved (MiB)"),
-        ("start_alloc_mib", "allocated at fit start (MiB)"), ("ms_per_step", "ms/step (median)"), ("wall_s", "fit wall (s)"),
-        ("overrides", "overrides beyond the common ones"),
-    ], notes=[
-        f"Each row: `cloc-lightning fit --config <config>` in this process (cloc_lightning.cli.main) on one device, "
-        f"{STEPS} training batches in two epochs (`--trainer.limit_train_batches {max(1, STEPS // 2)} --trainer.max_steps {STEPS}`), "
-        "2 validation batches per epoch, no sanity check, no test_after_fit, no progress bar.",
-        "Host syncs: set_sync_debug_mode on every training batch that is not one of Lightning's logging steps "
-        "(log_every_n_steps), from on_train_batch_start to on_train_batch_end (tests/gpu/_probe.py); "
-        "GradScaler.step (16-mixed) runs unchecked: torch reads its inf flag with .item().",
-        "Peak memory: torch.cuda.max_memory_allocated / max_memory_reserved over the fit (reset at on_fit_start). "
-        "ms/step: median interval between CUDA events recorded after consecutive training batches of one epoch "
-        "(data loading included), first 3 batches left out; with pytest-xdist workers sharing the device (see "
-        "Environment) the step times are not those of a run alone (the throughput benchmark's are).",
-    ], sort_key=lambda r: (r.get("config", ""), order.get(r.get("precision"), 9)))
+    return Table(
+        gpu_out,
+        "gpu_configs",
+        "Shipped configs on one device: memory, step time, host syncs",
+        [
+            ("config", "config"),
+            ("precision", "precision"),
+            ("status", "status"),
+            ("data", "data"),
+            ("batches", "batches"),
+            ("checked_batches", "sync-checked batches"),
+            ("n_syncs", "host syncs"),
+            ("sync_sites", "sync sites"),
+            ("scaler_steps_unchecked", "GradScaler steps (unchecked)"),
+            ("peak_alloc_mib", "peak allocated (MiB)"),
+            ("peak_reserved_mib", "peak reserved (MiB)"),
+            ("start_alloc_mib", "allocated at fit start (MiB)"),
+            ("ms_per_step", "ms/step (median)"),
+            ("wall_s", "fit wall (s)"),
+            ("overrides", "overrides beyond the common ones"),
+        ],
+        notes=[
+            f"Each row: `cloc-lightning fit --config <config>` in this process (cloc_lightning.cli.main) on one device, "
+            f"{STEPS} training batches in two epochs (`--trainer.limit_train_batches {max(1, STEPS // 2)} --trainer.max_steps {STEPS}`), "
+            "2 validation batches per epoch, no sanity check, no test_after_fit, no progress bar.",
+            "Host syncs: set_sync_debug_mode on every training batch that is not one of Lightning's logging steps "
+            "(log_every_n_steps), from on_train_batch_start to on_train_batch_end (tests/gpu/_probe.py); "
+            "GradScaler.step (16-mixed) runs unchecked: torch reads its inf flag with .item().",
+            "Peak memory: torch.cuda.max_memory_allocated / max_memory_reserved over the fit (reset at on_fit_start). "
+            "ms/step: median interval between CUDA events recorded after consecutive training batches of one epoch "
+            "(data loading included), first 3 batches left out; with pytest-xdist workers sharing the device (see "
+            "Environment) the step times are not those of a run alone (the throughput benchmark's are).",
+        ],
+        sort_key=lambda r: (r.get("config", ""), order.get(r.get("precision"), 9)),
+    )
 
 
 @pytest.fixture(scope="session")
 def losses_table(gpu_out: Path) -> Table:
     """``gpu_losses.{json,md}``: each loss under autocast on the device against its float64 CPU reference."""
-    return Table(gpu_out, "gpu_losses", "Losses under autocast on the device vs float64 references on the CPU", [
-        ("loss", "loss"), ("dtype", "input / autocast dtype"), ("shape", "input"), ("reference", "reference"),
-        ("value", "loss"), ("rel_err", "relative error of the loss"), ("grad_rel_err", "max gradient error / max |gradient|"),
-        ("grad_tol", "gradient tolerance"),
-    ], notes=[
-        "Inputs drawn in float64, rounded to the autocast dtype, fed to the loss on the device under torch.autocast; the "
-        "reference (tests/references/) gets the same rounded values in float64 on the CPU.",
-        "The loss must equal the reference to 2e-5 (relative; the losses compute in float32 inside autocast); gradients "
-        "w.r.t. the inputs come back in the input dtype and must match to a few units of its rounding.",
-    ], sort_key=lambda r: (r.get("loss", ""), r.get("dtype", "")))
+    return Table(
+        gpu_out,
+        "gpu_losses",
+        "Losses under autocast on the device vs float64 references on the CPU",
+        [
+            ("loss", "loss"),
+            ("dtype", "input / autocast dtype"),
+            ("shape", "input"),
+            ("reference", "reference"),
+            ("value", "loss"),
+            ("rel_err", "relative error of the loss"),
+            ("grad_rel_err", "max gradient error / max |gradient|"),
+            ("grad_tol", "gradient tolerance"),
+        ],
+        notes=[
+            "Inputs drawn in float64, rounded to the autocast dtype, fed to the loss on the device under torch.autocast; the "
+            "reference (tests/references/) gets the same rounded values in float64 on the CPU.",
+            "The loss must equal the reference to 2e-5 (relative; the losses compute in float32 inside autocast); gradients "
+            "w.r.t. the inputs come back in the input dtype and must match to a few units of its rounding.",
+        ],
+        sort_key=lambda r: (r.get("loss", ""), r.get("dtype", "")),
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -251,5 +287,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="module")
 def data(cifar10_folder: tuple[Path, str], utkface_folder: tuple[Path, str], torchvision_root: Path) -> dict[str, tuple[Path, str]]:
     """Every data source of the tier: ``{name: (root, where it came from)}`` (test_configs, test_device_path_gpu)."""
-    return {"cifar10": cifar10_folder, "utkface": utkface_folder,
-            "torchvision": (torchvision_root, "generated (random images, torchvision's file layout)")}
+    return {
+        "cifar10": cifar10_folder,
+        "utkface": utkface_folder,
+        "torchvision": (torchvision_root, "generated (random images, torchvision's file layout)"),
+    }

@@ -72,11 +72,30 @@ def _class_name(section: dict[str, Any] | None) -> str:
 def common_args(precision: str, save_dir: Path, steps: int) -> list[str]:
     per_epoch = max(1, steps // 2)
     return [
-        "--trainer.accelerator", "gpu" if CUDA else "cpu", "--trainer.devices", "1", "--trainer.precision", precision,
-        "--trainer.max_steps", str(steps), "--trainer.max_epochs", "1000", "--trainer.limit_train_batches", str(per_epoch),
-        "--trainer.limit_val_batches", "2", "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--trainer.logger.init_args.save_dir", str(save_dir),
+        "--trainer.accelerator",
+        "gpu" if CUDA else "cpu",
+        "--trainer.devices",
+        "1",
+        "--trainer.precision",
+        precision,
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.max_epochs",
+        "1000",
+        "--trainer.limit_train_batches",
+        str(per_epoch),
+        "--trainer.limit_val_batches",
+        "2",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--test_after_fit",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(save_dir),
     ]
 
 
@@ -107,7 +126,12 @@ def config_args(config: str, data: dict[str, tuple[Path, str]], folders: dict[st
     if feeder is not None:
         folder = folders[feeder]
         if config.startswith("cloc/"):
-            args += ["--model.learnable_map", str(folder / "cloc_margins.yaml"), "--model.init_from", str(folder / "checkpoints" / "last.ckpt")]
+            args += [
+                "--model.learnable_map",
+                str(folder / "cloc_margins.yaml"),
+                "--model.init_from",
+                str(folder / "checkpoints" / "last.ckpt"),
+            ]
         else:
             args += ["--model.encoder_ckpt", str(folder / "checkpoints" / "last.ckpt")]
     if TRY_ON_CPU and not CUDA:  # harness check: small and quick
@@ -142,9 +166,19 @@ def run_fit(config: str, precision: str, extra: list[str], tmp: Path, steps: int
     from cloc_lightning.cli import main
 
     key = f"{config}[{precision}]-{uuid.uuid4().hex[:8]}"
-    argv = ["fit", "--config", str(CONFIGS / config), *common_args(precision, tmp / "runs", steps), *extra,
-            "--trainer.callbacks+=tests.gpu._probe.StepProbe", "--trainer.callbacks.init_args.key", key,
-            "--trainer.callbacks.init_args.sync_mode", sync_mode if CUDA else "off", "--debug"]
+    argv = [
+        "fit",
+        "--config",
+        str(CONFIGS / config),
+        *common_args(precision, tmp / "runs", steps),
+        *extra,
+        "--trainer.callbacks+=tests.gpu._probe.StepProbe",
+        "--trainer.callbacks.init_args.key",
+        key,
+        "--trainer.callbacks.init_args.sync_mode",
+        sync_mode if CUDA else "off",
+        "--debug",
+    ]
     gc.collect()
     if CUDA:
         torch.cuda.empty_cache()
@@ -177,9 +211,9 @@ def _sync_report(syncs: list[dict[str, Any]]) -> str:
     return "\n".join([*lines, f"stack of the first (batch {first['batch']}):", "".join(first["stack"])])
 
 
-
-def _probe_config(config: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path], configs_table: Table,
-                  tmp_path: Path) -> None:
+def _probe_config(
+    config: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path], configs_table: Table, tmp_path: Path
+) -> None:
     """``cloc-lightning probe --config <config> --device cuda`` (scikit-learn on frozen features) on its SupCon run's checkpoint."""
     from cloc_lightning.cli import main
 
@@ -192,11 +226,32 @@ def _probe_config(config: str, data: dict[str, tuple[Path, str]], stage_one_fold
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    row: dict[str, Any] = {"config": config, "precision": "32-true", "data": source, "status": "ok",
-                           "overrides": f"probe --device {device} --data.init_args.train_fraction 0.05"}
+    row: dict[str, Any] = {
+        "config": config,
+        "precision": "32-true",
+        "data": source,
+        "status": "ok",
+        "overrides": f"probe --device {device} --data.init_args.train_fraction 0.05",
+    }
     try:
-        main(["probe", "--config", str(CONFIGS / config), "--ckpt", str(ckpt), "--data.init_args.root", str(root),
-              "--data.init_args.train_fraction", "0.05", "--device", device, "--output", str(out), "--debug"])
+        main(
+            [
+                "probe",
+                "--config",
+                str(CONFIGS / config),
+                "--ckpt",
+                str(ckpt),
+                "--data.init_args.root",
+                str(root),
+                "--data.init_args.train_fraction",
+                "0.05",
+                "--device",
+                device,
+                "--output",
+                str(out),
+                "--debug",
+            ]
+        )
     except BaseException as e:
         row.update(status=f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
         configs_table.add(row)
@@ -217,21 +272,25 @@ def _within_budget(request: pytest.FixtureRequest, configs_table: Table) -> None
     spent = time.monotonic() - SESSION_START
     if BUDGET is not None and spent > BUDGET:
         params = request.node.callspec.params
-        configs_table.add({"config": params["config"], "precision": params["precision"],
-                           "status": f"not run: CLOC_GPU_BUDGET {BUDGET:.0f} s spent"})
+        configs_table.add(
+            {"config": params["config"], "precision": params["precision"], "status": f"not run: CLOC_GPU_BUDGET {BUDGET:.0f} s spent"}
+        )
         pytest.skip(f"CLOC_GPU_BUDGET={BUDGET:.0f} s spent ({spent:.0f} s so far): not started")
 
 
 #: every config at the first precision, then every config at the next: a run cut short by the budget still
 #: covers each config (the first precision also makes the run folders the chained configs read)
 CASES = [pytest.param(c, p, id=f"{c}-{p}") for p in PRECISIONS for c in _fit_configs()]
-CASES.insert(len(_fit_configs()), pytest.param("linear_probe/probe_cifar10_cpu.yaml", "32-true", id="linear_probe/probe_cifar10_cpu.yaml-probe"))
+CASES.insert(
+    len(_fit_configs()), pytest.param("linear_probe/probe_cifar10_cpu.yaml", "32-true", id="linear_probe/probe_cifar10_cpu.yaml-probe")
+)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("config", "precision"), CASES)
-def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path],
-                              configs_table: Table, tmp_path: Path) -> None:
+def test_config_on_one_device(
+    config: str, precision: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path], configs_table: Table, tmp_path: Path
+) -> None:
     """The config trains ``CLOC_GPU_STEPS`` batches at this precision with no host sync in the step; its row is recorded."""
     if precision == "16-mixed" and not CUDA:
         pytest.skip("16-mixed needs a CUDA device")
@@ -240,8 +299,7 @@ def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple
         _probe_config(config, data, stage_one_folders, configs_table, tmp_path)
         return
     extra, source = config_args(config, data, stage_one_folders)
-    row: dict[str, Any] = {"config": config, "precision": precision, "data": source,
-                           "overrides": describe(extra, data, stage_one_folders)}
+    row: dict[str, Any] = {"config": config, "precision": precision, "data": source, "overrides": describe(extra, data, stage_one_folders)}
     try:
         result = run_fit(config, precision, extra, tmp_path)
     except BaseException as e:
@@ -249,12 +307,27 @@ def test_config_on_one_device(config: str, precision: str, data: dict[str, tuple
         configs_table.add(row)
         raise
     syncs = result.get("syncs", [])
-    row.update({k: result.get(k) for k in ("batches", "checked_batches", "scaler_steps_unchecked", "peak_alloc_mib",
-                                            "peak_reserved_mib", "start_alloc_mib", "ms_per_step", "wall_s")})
-    row.update(n_syncs=len(syncs) if result.get("checked_batches") else None,
-               sync_sites="; ".join(f"{n}× {s}" for s, n in Counter(x["site"] for x in syncs).most_common(4)) or None,
-               status="syncs" if syncs else "ok",
-               sync_stacks={x["site"]: "".join(x["stack"]) for x in reversed(syncs)})  # the first stack of each site (JSON only)
+    row.update(
+        {
+            k: result.get(k)
+            for k in (
+                "batches",
+                "checked_batches",
+                "scaler_steps_unchecked",
+                "peak_alloc_mib",
+                "peak_reserved_mib",
+                "start_alloc_mib",
+                "ms_per_step",
+                "wall_s",
+            )
+        }
+    )
+    row.update(
+        n_syncs=len(syncs) if result.get("checked_batches") else None,
+        sync_sites="; ".join(f"{n}× {s}" for s, n in Counter(x["site"] for x in syncs).most_common(4)) or None,
+        status="syncs" if syncs else "ok",
+        sync_stacks={x["site"]: "".join(x["stack"]) for x in reversed(syncs)},
+    )  # the first stack of each site (JSON only)
     losses: dict[str, float] = result.get("train_losses", {})
     configs_table.add(row)
     if precision == "32-true" or config not in stage_one_folders:

@@ -30,8 +30,19 @@ CONFIGS = ["ce/utkface.yaml", "cloc/demo.yaml", "supcon/cifar10_cpu.yaml", "simc
 
 
 def _module(**kw: Any) -> OrdinalShapesDataModule:
-    dm = OrdinalShapesDataModule(num_classes=4, train_size=64, val_size=16, test_size=16, batch_size=32, image_size=64,
-                                 num_workers=0, pin_memory=CUDA, cache="memory", augment_on="device", **kw)
+    dm = OrdinalShapesDataModule(
+        num_classes=4,
+        train_size=64,
+        val_size=16,
+        test_size=16,
+        batch_size=32,
+        image_size=64,
+        num_workers=0,
+        pin_memory=CUDA,
+        cache="memory",
+        augment_on="device",
+        **kw,
+    )
     dm.setup("fit")
     return dm
 
@@ -47,8 +58,10 @@ def test_device_stage_is_sync_free_and_equals_the_cpu(views: str) -> None:
     dm = _module(**kw)
     raw = next(iter(dm.train_dataloader()))
     device = torch.device("cuda" if CUDA else "cpu")
-    moved = {k: ({n: t.to(device, non_blocking=True) for n, t in v.items()} if isinstance(v, dict) else v.to(device, non_blocking=True))
-             for k, v in raw.items()}
+    moved = {
+        k: ({n: t.to(device, non_blocking=True) for n, t in v.items()} if isinstance(v, dict) else v.to(device, non_blocking=True))
+        for k, v in raw.items()
+    }
     if CUDA:
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -69,8 +82,9 @@ def test_device_stage_is_sync_free_and_equals_the_cpu(views: str) -> None:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("config", CONFIGS)
-def test_config_with_the_gpu_override_set(config: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path],
-                                          configs_table: Table, tmp_path: Path) -> None:
+def test_config_with_the_gpu_override_set(
+    config: str, data: dict[str, tuple[Path, str]], stage_one_folders: dict[str, Path], configs_table: Table, tmp_path: Path
+) -> None:
     precision = "bf16-mixed"
     extra, source = config_args(config, data, stage_one_folders)
     row: dict[str, Any] = {"config": config, "precision": precision, "data": source, "overrides": "device path: " + " ".join(DEVICE)}

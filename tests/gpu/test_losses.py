@@ -64,9 +64,15 @@ def _grad_error(got: torch.Tensor, want: torch.Tensor) -> float:
 class Case:
     """One loss × input: ``device_fn(inputs on the device) -> (loss, parameters)``, ``reference_fn(float64 inputs) -> (loss, grads)``."""
 
-    def __init__(self, name: str, shape: str, reference: str, make: Callable[[torch.Generator], list[torch.Tensor]],
-                 device_fn: Callable[[list[torch.Tensor]], tuple[torch.Tensor, list[torch.Tensor]]],
-                 reference_fn: Callable[[list[torch.Tensor], list[torch.Tensor]], tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        shape: str,
+        reference: str,
+        make: Callable[[torch.Generator], list[torch.Tensor]],
+        device_fn: Callable[[list[torch.Tensor]], tuple[torch.Tensor, list[torch.Tensor]]],
+        reference_fn: Callable[[list[torch.Tensor], list[torch.Tensor]], tuple[torch.Tensor, list[torch.Tensor]]],
+    ) -> None:
         self.name, self.shape, self.reference = name, shape, reference
         self.make, self.device_fn, self.reference_fn = make, device_fn, reference_fn
 
@@ -169,8 +175,10 @@ def _ordinal_clip() -> Case:
 CASES = {
     c.name: c
     for c in [
-        _cloc("mm"), _cloc("sm"),
-        _supcon("supcon T=0.1", 16, 0.1, True, dense=False), _supcon("supcon T=0.05", 256, 0.05, True, dense=True),
+        _cloc("mm"),
+        _cloc("sm"),
+        _supcon("supcon T=0.1", 16, 0.1, True, dense=False),
+        _supcon("supcon T=0.05", 256, 0.05, True, dense=True),
         _supcon("simclr T=0.5", 256, 0.5, False, dense=True),
         _sigmoid("sigmoid (init: scale 5, b -5)", 1.6094379124341003, -5.0, 5.0),
         _sigmoid("sigmoid (scale 100, b 10)", 4.605170185988092, 10.0, 100.0),
@@ -202,8 +210,18 @@ def test_loss_under_autocast_matches_float64_reference(name: str, dtype_name: st
         assert g.dtype == leaf.dtype, f"{name}: input gradient in {g.dtype}, input {leaf.dtype}"
     errors = [_grad_error(g, r) for g, r in zip(grads, ref_grads, strict=True)]
     tol = max(4 * EPS[dtype], 1e-5)
-    losses_table.add({"loss": name, "dtype": dtype_name, "shape": case.shape, "reference": case.reference, "value": value,
-                      "rel_err": rel, "grad_rel_err": max(errors), "grad_tol": tol})
+    losses_table.add(
+        {
+            "loss": name,
+            "dtype": dtype_name,
+            "shape": case.shape,
+            "reference": case.reference,
+            "value": value,
+            "rel_err": rel,
+            "grad_rel_err": max(errors),
+            "grad_tol": tol,
+        }
+    )
     assert all(bool(torch.isfinite(g).all()) for g in grads), f"{name}: non-finite gradients"
     assert rel <= LOSS_RTOL, f"{name} under {dtype_name}: loss {value} vs float64 reference {want} (relative error {rel:.2e})"
     assert max(errors) <= tol, f"{name} under {dtype_name}: gradient errors {errors} (relative to max |gradient|) above {tol:.1e}"

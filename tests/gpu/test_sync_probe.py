@@ -48,10 +48,18 @@ class _Tiny(L.LightningModule):
 def _fit(plant: bool, precision: str, mode: str) -> dict[str, Any]:
     key = f"planted-{uuid.uuid4().hex[:8]}"
     data = TensorDataset(torch.randn(STEPS * 8, 16), torch.randint(0, 4, (STEPS * 8,)))
-    trainer = L.Trainer(accelerator="gpu", devices=1, precision=precision, max_steps=STEPS, log_every_n_steps=EVERY,
-                        logger=L.pytorch.loggers.CSVLogger("/tmp", name=key), enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[_probe.StepProbe(key, sync_mode=mode)])
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision=precision,
+        max_steps=STEPS,
+        log_every_n_steps=EVERY,
+        logger=L.pytorch.loggers.CSVLogger("/tmp", name=key),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_probe.StepProbe(key, sync_mode=mode)],
+    )
     trainer.fit(_Tiny(plant), DataLoader(data, batch_size=8))
     return _probe.RESULTS.pop(key)
 

@@ -115,8 +115,9 @@ def test_cloc(n: int, n_classes: int, dim: int, variant: str, leaf_dtype: torch.
     "bsz, views, dim, temperature, labelled, tile",
     [(6, 2, 8, 0.07, True, None), (6, 2, 8, 0.5, False, None), (48, 2, 32, 0.05, True, 16), (96, 3, 16, 0.1, False, None)],
 )
-def test_supcon(bsz: int, views: int, dim: int, temperature: float, labelled: bool, tile: int | None,
-                leaf_dtype: torch.dtype, backward_inside: bool) -> None:
+def test_supcon(
+    bsz: int, views: int, dim: int, temperature: float, labelled: bool, tile: int | None, leaf_dtype: torch.dtype, backward_inside: bool
+) -> None:
     g = torch.Generator().manual_seed(bsz)
     labels = torch.randint(0, 4, (bsz,), generator=g) if labelled else None
     f = _leaf(F.normalize(torch.randn(bsz, views, dim, generator=g), dim=-1), leaf_dtype)
@@ -178,9 +179,7 @@ def _views(x: torch.Tensor) -> torch.Tensor:
 
 
 #: (prepare the loss input from [32, 16] float64 data, the loss of that input and labels [32] % 6)
-LOW_PRECISION_LOSSES: dict[
-    str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
-] = {
+LOW_PRECISION_LOSSES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] = {
     "cloc_mm": (lambda x: x, lambda x, y: OrdinalContrastiveLoss_mm(6, x.device, [["fixed", 0.3]] * 5)(x, y)),
     "cloc_sm": (lambda x: x, lambda x, y: OrdinalContrastiveLoss_sm(6, x.device, [["fixed", 0.3]])(x, y)),
     "supcon_t0.05": (_views, lambda f, y: SupConLoss(0.05)(f, y[::2])),

@@ -622,8 +622,7 @@ def _ddp_problem(sizes: tuple[int, ...], kind: str, gather: bool) -> tuple[torch
         lmap = [["learnable", 0.3], ["fixed", 0.5], ["learnable", 0.8]]
         crit = OrdinalContrastiveLoss_mm(4, learnable_map=lmap, gather_distributed=gather).to(F64)
     else:
-        crit = OrdinalContrastiveLoss_sm(4, learnable_map=[["learnable", 0.6]], reduction="mean",
-                                         gather_distributed=gather).to(F64)
+        crit = OrdinalContrastiveLoss_sm(4, learnable_map=[["learnable", 0.6]], reduction="mean", gather_distributed=gather).to(F64)
     return x, y, crit
 
 

@@ -64,25 +64,36 @@ def test_the_losses_are_their_margins_owner() -> None:
     mm, sm = OrdinalContrastiveLoss_mm(4), OrdinalContrastiveLoss_sm(4)
     assert isinstance(mm, MultiMargins) and isinstance(sm, SingleMargin)
     assert isinstance(mm, CLOCMargins) and isinstance(sm, CLOCMargins)
-    assert set(mm.state_dict()) == set(MultiMargins(4).state_dict()) == {"learnables", "fixed_raw", "learnable_mask",
-                                                                          "learnable_index"}
+    assert set(mm.state_dict()) == set(MultiMargins(4).state_dict()) == {"learnables", "fixed_raw", "learnable_mask", "learnable_index"}
     assert set(sm.state_dict()) == set(SingleMargin(4).state_dict()) == {"distance"}
 
 
 BAD_MAPS: list[tuple[Any, type[Exception], str]] = [
-    (lambda: MultiMargins(4, [["fixed", 0.1]] * 2), ValueError,
-     r"learnable_map has 2 entries but MultiMargins\(n_classes=4\) needs exactly 3 .*check n_classes or the phase-two"),
+    (
+        lambda: MultiMargins(4, [["fixed", 0.1]] * 2),
+        ValueError,
+        r"learnable_map has 2 entries but MultiMargins\(n_classes=4\) needs exactly 3 .*check n_classes or the phase-two",
+    ),
     (lambda: SingleMargin(4, [["fixed", 0.1]] * 3), ValueError, r"SingleMargin \(a single margin\) needs exactly 1"),
-    (lambda: MultiMargins(3, [["frozen", 0.1], ["fixed", 0.2]]), ValueError,
-     r"learnable_map\[0\]: kind must be 'learnable' or 'fixed', got 'frozen'"),
+    (
+        lambda: MultiMargins(3, [["frozen", 0.1], ["fixed", 0.2]]),
+        ValueError,
+        r"learnable_map\[0\]: kind must be 'learnable' or 'fixed', got 'frozen'",
+    ),
     (lambda: MultiMargins(3, [["fixed", None], ["fixed", 0.2]]), ValueError, r"needs a value, e\.g\. \['fixed', 0\.4\]"),
-    (lambda: MultiMargins(3, [["fixed", 0.2], ["fixed", -1.0]]), ValueError,
-     r"learnable_map\[1\]: the margin value must be a number > 0 or None, got -1\.0; .*finite and > 0"),
+    (
+        lambda: MultiMargins(3, [["fixed", 0.2], ["fixed", -1.0]]),
+        ValueError,
+        r"learnable_map\[1\]: the margin value must be a number > 0 or None, got -1\.0; .*finite and > 0",
+    ),
     (lambda: MultiMargins(3, [["fixed", "0.4"], ["fixed", 0.2]]), TypeError, r"write the number without quotes"),
     (lambda: MultiMargins(3, "[[fixed, 0.4]]"), TypeError, r"list of \[kind, value\] pairs"),
     (lambda: MultiMargins(1), ValueError, r"n_classes must be >= 2.*CLOC needs at least two"),
-    (lambda: load_learnable_map("no/such/margins.yaml"), FileNotFoundError,
-     r"pass the margins YAML written by CLOCMarginFreeze \(<log_dir>/cloc_margins.yaml\) or an inline list"),
+    (
+        lambda: load_learnable_map("no/such/margins.yaml"),
+        FileNotFoundError,
+        r"pass the margins YAML written by CLOCMarginFreeze \(<log_dir>/cloc_margins.yaml\) or an inline list",
+    ),
     (lambda: load_learnable_map(3), TypeError, r"learnable_map must be a list of \[kind, value\] pairs or a YAML file path"),
 ]
 
@@ -185,8 +196,7 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
     assert text.startswith("# CLOC margins at the end of phase one; use with --model.learnable_map <this file>\n")
     loaded = yaml.safe_load(text)
     assert loaded == payload
-    assert list(loaded) == ["learnable_map", "margin_mode", "n_classes", "margin_names", "epoch", "global_step",
-                            "frozen_in_this_run"]
+    assert list(loaded) == ["learnable_map", "margin_mode", "n_classes", "margin_names", "epoch", "global_step", "frozen_in_this_run"]
     assert loaded["margin_mode"] == "mm" and loaded["n_classes"] == 5 and loaded["margin_names"][-1] == "C3-C4"
     assert all(kind == "fixed" and type(v) is float for kind, v in loaded["learnable_map"])
     again = MultiMargins.from_yaml(path)

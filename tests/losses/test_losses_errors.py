@@ -55,7 +55,6 @@ def test_labels_out_of_range_or_not_integer(loss: str, labels: list, error: type
         LABEL_LOSSES[loss](x, y)
 
 
-
 # ---------------------------------------------------------------- NaN / inf
 NAN_LOSSES: dict[str, Callable[[torch.Tensor], Any]] = {
     "cloc_mm": lambda x: OrdinalContrastiveLoss_mm(4)(x, torch.tensor([0, 1, 2, 3])),
@@ -74,4 +73,3 @@ def test_non_finite_features_are_a_clear_error(loss: str, bad: float) -> None:
     with pytest.raises(ValueError, match="NaN or inf|NaN/inf") as info:
         NAN_LOSSES[loss](x)
     assert "learning rate" in str(info.value)  # names the fix
-

@@ -169,4 +169,3 @@ def test_bad_inputs_are_clear_errors() -> None:
         CORALLoss(5, importance_weights=[1.0, -1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="num_classes"):
         CORNLoss(1)
-

@@ -43,8 +43,10 @@ def test_numpy_reference_gradient_is_the_derivative():
         for r in range(4):
             e = np.zeros_like(logits)
             e[i, r] = 1e-6
-            num[i, r] = (ordinal_clip_loss_reference(logits + e, labels, 0.7, 1.3, 10.0)[0]
-                         - ordinal_clip_loss_reference(logits - e, labels, 0.7, 1.3, 10.0)[0]) / 2e-6
+            num[i, r] = (
+                ordinal_clip_loss_reference(logits + e, labels, 0.7, 1.3, 10.0)[0]
+                - ordinal_clip_loss_reference(logits - e, labels, 0.7, 1.3, 10.0)[0]
+            ) / 2e-6
     np.testing.assert_allclose(grad, num, rtol=1e-5, atol=1e-8)
 
 

@@ -18,8 +18,9 @@ from cloc_lightning.losses.rnc import RnCLoss, rnc_loss
 from tests._ddp import run_distributed
 
 
-def rnc_reference(features: torch.Tensor, labels: torch.Tensor, tau: float, label_distance: str = "l1",
-                  feature_similarity: str = "l2") -> torch.Tensor:
+def rnc_reference(
+    features: torch.Tensor, labels: torch.Tensor, tau: float, label_distance: str = "l1", feature_similarity: str = "l2"
+) -> torch.Tensor:
     bsz, n_views, _ = features.shape
     views = [features[s, v] for v in range(n_views) for s in range(bsz)]  # view-major
     ys = [labels.reshape(bsz, -1)[s].double() for _ in range(n_views) for s in range(bsz)]
@@ -52,8 +53,9 @@ GRID = [(1, 2, 3), (2, 2, 4), (5, 2, 8), (6, 3, 5)]  # (bsz, n_views, dim)
 
 @pytest.mark.parametrize(("bsz", "n_views", "dim"), GRID)
 @pytest.mark.parametrize(("label_distance", "feature_similarity", "tau"), [("l1", "l2", 2.0), ("l2", "cosine", 0.5)])
-def test_rnc_equals_the_loop_values_and_gradients(bsz: int, n_views: int, dim: int, label_distance: str,
-                                                  feature_similarity: str, tau: float) -> None:
+def test_rnc_equals_the_loop_values_and_gradients(
+    bsz: int, n_views: int, dim: int, label_distance: str, feature_similarity: str, tau: float
+) -> None:
     g = torch.Generator().manual_seed(bsz * 100 + n_views * 10 + dim)
     features = torch.randn(bsz, n_views, dim, generator=g, dtype=torch.float64)
     labels = torch.randint(0, 4, (bsz,), generator=g)  # ranks: ties in label distance on purpose

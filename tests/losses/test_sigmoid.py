@@ -110,9 +110,7 @@ def test_invariance_loss_is_differentiable_on_its_own(alpha: float) -> None:
     x, xp = _problem(5, 4, seed=3)
     tau, b = 0.4, -2.0
     _loss, kl, grads = _ours(x, xp, tau, b, which=1, alpha=alpha, gamma=1.0)
-    _r_loss, r_kl, gx, gxp, g_tau, g_b = numpy_value_and_grads(
-        x.numpy(), xp.numpy(), tau, b, which=1, alpha=alpha, gamma=1.0
-    )
+    _r_loss, r_kl, gx, gxp, g_tau, g_b = numpy_value_and_grads(x.numpy(), xp.numpy(), tau, b, which=1, alpha=alpha, gamma=1.0)
     assert kl.item() == pytest.approx(r_kl, rel=1e-9)
     for got, want in zip(grads, (gx, gxp, g_tau, g_b), strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
@@ -167,15 +165,16 @@ def test_larger_batches_match_the_seed_formula(
         torch.testing.assert_close(got.double(), want, rtol=1e-6 if tight else 1e-4, atol=1e-9 if tight else 1e-6)
 
 
-@pytest.mark.parametrize("tau,max_tau,tau_grad_zero", [(math.log(8.0), 5.0, True), (math.log(4.0), 5.0, False), (math.log(60.0), 50.0, True), (math.log(45.0), 50.0, False)])
+@pytest.mark.parametrize(
+    "tau,max_tau,tau_grad_zero",
+    [(math.log(8.0), 5.0, True), (math.log(4.0), 5.0, False), (math.log(60.0), 50.0, True), (math.log(45.0), 50.0, False)],
+)
 def test_logit_scale_clamp(tau: float, max_tau: float, tau_grad_zero: bool) -> None:
     """``exp(tau) > max_tau`` clamps the scale and stops the gradient to ``tau`` (large scales also test the row-max path)."""
     x, xp = _problem(6, 4, seed=7)
     b = -1.0
     loss, _kl, grads = _ours(x, xp, tau, b, alpha=1.0, gamma=1.0, max_tau=max_tau)
-    r_loss, _r_kl, gx, gxp, g_tau, g_b = numpy_value_and_grads(
-        x.numpy(), xp.numpy(), tau, b, alpha=1.0, gamma=1.0, max_tau=max_tau
-    )
+    r_loss, _r_kl, gx, gxp, g_tau, g_b = numpy_value_and_grads(x.numpy(), xp.numpy(), tau, b, alpha=1.0, gamma=1.0, max_tau=max_tau)
     assert loss.item() == pytest.approx(r_loss, rel=1e-10)
     for got, want in zip(grads, (gx, gxp, g_tau, g_b), strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
@@ -296,7 +295,12 @@ def test_module_defaults_parameters_and_forward() -> None:
         kl = terms["invariance"]
         g = 1.0 if gamma_override is None else gamma_override
         ref = sigmoid_loop_reference(
-            x.double().numpy(), xp.double().numpy(), math.log(5.0), -5.0, alpha=1.0, gamma=g,
+            x.double().numpy(),
+            xp.double().numpy(),
+            math.log(5.0),
+            -5.0,
+            alpha=1.0,
+            gamma=g,
             threshold=0.2 if step > 2 else None,
         )
         assert loss.item() == pytest.approx(ref[0], rel=1e-5)
@@ -381,8 +385,14 @@ def _ddp_rank_fn(rank: int, world: int) -> dict:
         xl = x[start : start + sizes[rank]].clone().requires_grad_(True)
         xpl = xp[start : start + sizes[rank]].clone().requires_grad_(True)
         crit = SigmoidContrastiveLoss(
-            init_tau=DDP_TAU, init_b=DDP_B, alpha=alpha, gamma=gamma, gather_distributed=True,
-            penalty_filtering=thr is not None, filtering_warmup_steps=0, filtering_threshold=thr or 0.0,
+            init_tau=DDP_TAU,
+            init_b=DDP_B,
+            alpha=alpha,
+            gamma=gamma,
+            gather_distributed=True,
+            penalty_filtering=thr is not None,
+            filtering_warmup_steps=0,
+            filtering_threshold=thr or 0.0,
         )
         loss, terms = crit.compute(xl, xpl, global_step=1)
         kl = terms["invariance"]
@@ -433,9 +443,7 @@ def test_gather_distributed_is_a_no_op_on_one_process() -> None:
 
 @pytest.mark.parametrize("n,d", [(1, 3), (5, 3), (40, 16)])
 @pytest.mark.parametrize("gamma", [0.0, 1.0, 2.0])
-def test_compute_invariance_false_skips_the_kl_and_keeps_the_loss(
-    n: int, d: int, gamma: float, block_elements: int
-) -> None:
+def test_compute_invariance_false_skips_the_kl_and_keeps_the_loss(n: int, d: int, gamma: float, block_elements: int) -> None:
     """``compute_invariance=False`` (alpha = 0): the same loss and gradients as the seed's formula, no KL."""
     x, xp = _problem(n, d, seed=7 * n + d)
     xx, xxp = x.clone().requires_grad_(True), xp.clone().requires_grad_(True)

@@ -92,9 +92,7 @@ def test_matches_loop_reference_grid(bsz: int, views: int, mode: str, kind: str)
 def test_temperatures_and_base_temperature(temperature: float, base_temperature: float | None, mode: str) -> None:
     feats = _features(7, 2, seed=3)
     labels = _labels(7, seed=3)
-    ref, ref_grad = _ref_and_grad(
-        feats, labels=labels, temperature=temperature, contrast_mode=mode, base_temperature=base_temperature
-    )
+    ref, ref_grad = _ref_and_grad(feats, labels=labels, temperature=temperature, contrast_mode=mode, base_temperature=base_temperature)
     for tile in (None, 3):
         loss = SupConLoss(temperature, mode, base_temperature, tile_size=tile)
         ours, grad = _ours_and_grad(feats, loss, labels=labels)

@@ -129,8 +129,18 @@ def test_bad_arguments() -> None:
 def test_two_phases_as_two_cli_runs(tmp_path: Path, tiny_shapes_args: list[str]) -> None:
     common = [*tiny_shapes_args, "--model.backbone", TINY_BACKBONE]
     out1 = run_cli(
-        ["fit", "--config", str(REPO / "configs" / "cloc" / "demo.yaml"), "--model.num_classes", "4",
-         "--trainer.callbacks.init_args.freeze_at_epoch", "null", *common, "--trainer.logger.init_args.name", "p1"],
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "cloc" / "demo.yaml"),
+            "--model.num_classes",
+            "4",
+            "--trainer.callbacks.init_args.freeze_at_epoch",
+            "null",
+            *common,
+            "--trainer.logger.init_args.name",
+            "p1",
+        ],
         tmp_path,
     ).stdout
     run1 = tmp_path / "runs" / "p1" / "version_0"
@@ -138,9 +148,20 @@ def test_two_phases_as_two_cli_runs(tmp_path: Path, tiny_shapes_args: list[str])
     assert margins_yaml.is_file() and "test/mae" in out1
     ckpt = next((run1 / "checkpoints").glob("best-*.ckpt"))
     out2 = run_cli(
-        ["fit", "--config", str(REPO / "configs" / "cloc" / "demo_phase2.yaml"), "--model.num_classes", "4", *common,
-         "--model.learnable_map", str(margins_yaml), "--model.init_from", str(ckpt),
-         "--trainer.logger.init_args.name", "p2"],
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "cloc" / "demo_phase2.yaml"),
+            "--model.num_classes",
+            "4",
+            *common,
+            "--model.learnable_map",
+            str(margins_yaml),
+            "--model.init_from",
+            str(ckpt),
+            "--trainer.logger.init_args.name",
+            "p2",
+        ],
         tmp_path,
     ).stdout
     assert "init_from" in out2 and "loaded" in out2 and "test/qwk" in out2
@@ -191,10 +212,27 @@ def test_user_subclass_in_own_project_through_the_cli(tmp_path: Path, tiny_shape
     (tmp_path / "my_project.py").write_text(_USER_MODULE)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     run_cli(
-        ["fit", "--model", "my_project.MyCLOC", "--model.num_classes", "4", "--model.width", "10",
-         "--model.cloc_on", "features", "--model.lr", "0.01", *tiny_shapes_args,
-         "--trainer.logger.init_args.name", "user", "--trainer.max_epochs", "2",
-         "--trainer.callbacks+=cloc_lightning.callbacks.CLOCMarginFreeze", "--trainer.callbacks.freeze_at_epoch", "1"],
+        [
+            "fit",
+            "--model",
+            "my_project.MyCLOC",
+            "--model.num_classes",
+            "4",
+            "--model.width",
+            "10",
+            "--model.cloc_on",
+            "features",
+            "--model.lr",
+            "0.01",
+            *tiny_shapes_args,
+            "--trainer.logger.init_args.name",
+            "user",
+            "--trainer.max_epochs",
+            "2",
+            "--trainer.callbacks+=cloc_lightning.callbacks.CLOCMarginFreeze",
+            "--trainer.callbacks.freeze_at_epoch",
+            "1",
+        ],
         cwd=tmp_path,
     )
     run = tmp_path / "runs" / "user" / "version_0"
@@ -225,8 +263,7 @@ def test_user_subclass_in_own_project_through_the_cli(tmp_path: Path, tiny_shape
         ("mm", [["fixed", 0.5, 1]] * 3, TypeError, r"must be a pair \[kind, value\]"),
         ("mm", 0.5, TypeError, "list of \\[kind, value\\] pairs"),
     ],
-    ids=["short", "long", "sm-two", "kind", "zero", "negative", "inf", "yaml-string", "fixed-none", "not-pairs",
-         "triples", "scalar"],
+    ids=["short", "long", "sm-two", "kind", "zero", "negative", "inf", "yaml-string", "fixed-none", "not-pairs", "triples", "scalar"],
 )
 def test_malformed_learnable_map(margin_mode: str, learnable_map: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
@@ -258,8 +295,7 @@ def test_init_from_a_cloc_checkpoint_covers_what_evaluation_reads(tmp_path: Path
     phase1 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="features", projector_dim=16)
     torch.save(phase1.state_dict(), tmp_path / "p1.pt")
     torch.save({f"backbone.{k}": v for k, v in phase1.backbone.state_dict().items()}, tmp_path / "enc.pt")
-    phase2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="features", projector_dim=16,
-                        learnable_map=[["fixed", 0.5]] * 3)
+    phase2 = CLOCModule(num_classes=4, backbone=TINY_BACKBONE, cloc_on="features", projector_dim=16, learnable_map=[["fixed", 0.5]] * 3)
     keys = phase2.evaluation_keys()
     assert keys and not any(k.startswith(("cloc_loss.", "projector.")) for k in keys)
     assert any(k.startswith("head.") for k in keys)

@@ -43,21 +43,39 @@ def _fit_counting(name: str, drop_last: bool, root: str) -> dict[str, Any]:
     bsz = 8
     # 2 ranks x BATCHES batches of 8; drop_last false: 2 samples more per rank, a last batch of 2
     train_size = 2 * bsz * BATCHES + (0 if drop_last else 4)
-    dm = type(dm0)(num_classes=4, train_size=train_size, val_size=8, test_size=8, batch_size=bsz, num_workers=0,
-                   image_size=dm0.image_size, augment="none", train_views=dm0.train_views, drop_last=drop_last)
+    dm = type(dm0)(
+        num_classes=4,
+        train_size=train_size,
+        val_size=8,
+        test_size=8,
+        batch_size=bsz,
+        num_workers=0,
+        image_size=dm0.image_size,
+        augment="none",
+        train_views=dm0.train_views,
+        drop_last=drop_last,
+    )
     counter = SyncCounter()
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0,
-        log_every_n_steps=LOG_EVERY, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=root, callbacks=[counter],
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=LOG_EVERY,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[counter],
     )
     with warnings.catch_warnings(), counter.patched():
         warnings.simplefilter("ignore")
         trainer.fit(model, datamodule=dm)
     steps = counter.steps(typical=False)
-    gather_reads = [
-        [f"{e.kind} at {e.where}" for e in counter.events.get(b, []) if e.where.startswith(GATHER_FILE)] for b in steps
-    ]
+    gather_reads = [[f"{e.kind} at {e.where}" for e in counter.events.get(b, []) if e.where.startswith(GATHER_FILE)] for b in steps]
     return {
         "steps": len(steps),
         "typical": counter.steps(),
@@ -70,8 +88,10 @@ def _fit_counting(name: str, drop_last: bool, root: str) -> dict[str, Any]:
 
 def _rank_fn(rank: int, world_size: int, root: str, cases: list[tuple[str, bool]]) -> dict[str, Any]:
     os.environ.update({"LOCAL_RANK": str(rank), "RANK": str(rank), "NODE_RANK": "0", "WORLD_SIZE": str(world_size)})
-    return {f"{name} drop_last={drop_last}": _fit_counting(name, drop_last, os.path.join(root, f"{name}-{drop_last}"))
-            for name, drop_last in cases}
+    return {
+        f"{name} drop_last={drop_last}": _fit_counting(name, drop_last, os.path.join(root, f"{name}-{drop_last}"))
+        for name, drop_last in cases
+    }
 
 
 @pytest.mark.slow

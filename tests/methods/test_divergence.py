@@ -76,7 +76,9 @@ def test_a_nan_validation_epoch_is_never_the_best_checkpoint(tmp_path: Path, cap
     _fit(model, trainer)
     best = trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
     assert Path(best).name.startswith("best-000-"), best
-    assert model.val_summary["val/mae"]["best_epoch"] == 0.0 and model.val_summary["val/mae"]["final"] != model.val_summary["val/mae"]["final"]
+    assert (
+        model.val_summary["val/mae"]["best_epoch"] == 0.0 and model.val_summary["val/mae"]["final"] != model.val_summary["val/mae"]["final"]
+    )
     err = capsys.readouterr().err
     assert "the monitored metric val/mae is nan at epoch 1" in err and "--model.lr" in err and "gradient_clip_val" in err, err
 
@@ -94,12 +96,37 @@ def test_a_run_nan_in_every_epoch_has_no_best_checkpoint(tmp_path: Path, capsys:
 
 def _cli_args(tmp_path: Path, *extra: str) -> list[str]:
     return [
-        "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.image_size", "16",
-        "--data.train_size", "32", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8",
-        "--data.num_workers", "0", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.limit_test_batches", "1", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", "--trainer.num_sanity_val_steps", "0",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), *extra,
+        "--data",
+        "OrdinalShapesDataModule",
+        "--data.num_classes",
+        "4",
+        "--data.image_size",
+        "16",
+        "--data.train_size",
+        "32",
+        "--data.val_size",
+        "8",
+        "--data.test_size",
+        "8",
+        "--data.batch_size",
+        "8",
+        "--data.num_workers",
+        "0",
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.limit_test_batches",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+        *extra,
     ]
 
 
@@ -110,10 +137,24 @@ def test_test_after_fit_of_a_diverged_run_warns_that_its_metrics_are_no_result(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
-    code, out, err = _run(["fit", "--model", "CLOCModule", "--model.num_classes", "4", "--model.backbone", "test_resnet",
-                           "--trainer.max_epochs", "1", "--test_after_fit", "true",
-                           "--trainer.callbacks+=tests.methods.test_divergence.PoisonAtValidation",
-                           *_cli_args(tmp_path)], capsys)
+    code, out, err = _run(
+        [
+            "fit",
+            "--model",
+            "CLOCModule",
+            "--model.num_classes",
+            "4",
+            "--model.backbone",
+            "test_resnet",
+            "--trainer.max_epochs",
+            "1",
+            "--test_after_fit",
+            "true",
+            "--trainer.callbacks+=tests.methods.test_divergence.PoisonAtValidation",
+            *_cli_args(tmp_path),
+        ],
+        capsys,
+    )
     assert code == 0, err[-3000:]
     assert not list((tmp_path / "runs").rglob("best-*.ckpt"))  # no "best" of a diverged run
     assert "val/mae is nan at epoch 0" in err
@@ -126,10 +167,23 @@ def test_diverged_margins_are_not_written_at_the_end_of_fit(
 ) -> None:
     """The issue's command: the demo config with --model.lr 1e8 (here shortened): the 0.0 margins are refused, named."""
     monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
-    code, _out, err = _run(["fit", "--config", str(REPO / "configs" / "cloc" / "demo.yaml"), "--model.lr", "1e8",
-                           "--model.backbone", "test_resnet", "--trainer.max_epochs", "1",
-                           "--trainer.callbacks.init_args.freeze_at_epoch", "null",
-                           *_cli_args(tmp_path, "--data.num_classes", "6", "--model.num_classes", "6")], capsys)
+    code, _out, err = _run(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "cloc" / "demo.yaml"),
+            "--model.lr",
+            "1e8",
+            "--model.backbone",
+            "test_resnet",
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.callbacks.init_args.freeze_at_epoch",
+            "null",
+            *_cli_args(tmp_path, "--data.num_classes", "6", "--model.num_classes", "6"),
+        ],
+        capsys,
+    )
     assert code == 1
     assert "error: CLOCMarginFreeze: the learned margins at the end of fit (after 1 epoch(s)) are [0.0, 0.0" in err, err[-3000:]
     assert "are not finite and > 0" in err and "--model.lr" in err

@@ -43,8 +43,13 @@ def test_cached_backward_is_the_whole_batch_gradient_without_dropout(batch: int,
         t.backward()
 
     loss, _ = cached_backward(
-        lambda sl: [net(x1[sl]), net(x2[sl])], mini_batch_slices(batch, mini), lambda o: _loss(o, scale),
-        backward, device=x1.device, params=[scale], last_extra=(net[0].weight ** 2).sum(),
+        lambda sl: [net(x1[sl]), net(x2[sl])],
+        mini_batch_slices(batch, mini),
+        lambda o: _loss(o, scale),
+        backward,
+        device=x1.device,
+        params=[scale],
+        last_extra=(net[0].weight ** 2).sum(),
     )
     torch.testing.assert_close(loss, ref_loss.detach())
     for p, q in zip(net.parameters(), ref_net.parameters(), strict=True):
@@ -71,8 +76,13 @@ def test_cached_backward_replays_each_mini_batchs_random_draws_and_updates_batch
     net, scale = _net(), torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
     torch.manual_seed(3)
     loss, _ = cached_backward(
-        lambda sl: [net(x1[sl]), net(x2[sl])], slices, lambda o: _loss(o, scale),
-        lambda t, last: t.backward(), device=x1.device, params=[scale], buffers=list(net.buffers()),
+        lambda sl: [net(x1[sl]), net(x2[sl])],
+        slices,
+        lambda o: _loss(o, scale),
+        lambda t, last: t.backward(),
+        device=x1.device,
+        params=[scale],
+        buffers=list(net.buffers()),
     )
     after = torch.rand(1)
     torch.manual_seed(3)

@@ -49,13 +49,25 @@ data:
 """
 
 SHAPES = [
-    "--data", "OrdinalShapesDataModule", "--data.num_classes", "6", "--data.train_size", "96", "--data.val_size", "24",
-    "--data.test_size", "24", "--data.batch_size", "16", "--data.num_workers", "0",
+    "--data",
+    "OrdinalShapesDataModule",
+    "--data.num_classes",
+    "6",
+    "--data.train_size",
+    "96",
+    "--data.val_size",
+    "24",
+    "--data.test_size",
+    "24",
+    "--data.batch_size",
+    "16",
+    "--data.num_workers",
+    "0",
 ]
 
 
 def _backbone_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    return {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
 
 
 @pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
@@ -67,11 +79,32 @@ def test_two_stage_path_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     assert stage1.is_file()
     out = run_cli(
         [
-            "fit", "--model", "LinearProbeModule", "--model.num_classes", "6", "--model.task", "nominal",
-            "--model.encoder_ckpt", str(stage1), "--model.lr", "0.5", *SHAPES, "--data.augment", "flip",
-            "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-            "--trainer.logger.init_args.save_dir", "runs", "--trainer.logger.init_args.name", "stage2",
-            "--test_after_fit", "true",
+            "fit",
+            "--model",
+            "LinearProbeModule",
+            "--model.num_classes",
+            "6",
+            "--model.task",
+            "nominal",
+            "--model.encoder_ckpt",
+            str(stage1),
+            "--model.lr",
+            "0.5",
+            *SHAPES,
+            "--data.augment",
+            "flip",
+            "--trainer.max_epochs",
+            "2",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_model_summary",
+            "false",
+            "--trainer.logger.init_args.save_dir",
+            "runs",
+            "--trainer.logger.init_args.name",
+            "stage2",
+            "--test_after_fit",
+            "true",
         ],
         tmp_path,
     ).stdout
@@ -163,7 +196,7 @@ class FakeHookModule(SupConModule):
     @classmethod
     def encoder_state_dict(cls, checkpoint):
         state = checkpoint["state_dict"]
-        return {k[len("backbone."):]: v * 0 + 7 for k, v in state.items() if k.startswith("backbone.")}
+        return {k[len("backbone.") :]: v * 0 + 7 for k, v in state.items() if k.startswith("backbone.")}
 
 
 def test_encoder_hook_prefix_and_classmethod(tmp_path: Path) -> None:
@@ -175,7 +208,10 @@ def test_encoder_hook_prefix_and_classmethod(tmp_path: Path) -> None:
     found = encoder_state_dict(ckpt)
     assert all(torch.equal(found.state_dict[k], v) for k, v in enc.state_dict().items())
     # the class attribute alone is enough (class known from LightningCLI's _class_path hyper-parameter)
-    ckpt2 = {"state_dict": {**online, **target}, "hyper_parameters": {"_class_path": f"{__name__}.FakeEMAModule", "backbone": TINY_BACKBONE}}
+    ckpt2 = {
+        "state_dict": {**online, **target},
+        "hyper_parameters": {"_class_path": f"{__name__}.FakeEMAModule", "backbone": TINY_BACKBONE},
+    }
     assert all(torch.equal(encoder_state_dict(ckpt2).state_dict[k], v) for k, v in enc.state_dict().items())
     ckpt3 = {"state_dict": online, ENCODER_META_KEY: {"class_path": f"{__name__}.FakeHookModule", "backbone": TINY_BACKBONE}}
     assert all(bool((v == 7).all()) for k, v in encoder_state_dict(ckpt3).state_dict.items() if v.is_floating_point())

@@ -43,28 +43,39 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "CLOCModule": ("CLOCModule", {"num_classes": 4, "backbone": TINY_BACKBONE}),
     "CLOCModule+": ("CLOCModule", {"num_classes": 4, "backbone": TINY_BACKBONE, "optimizer": "sgd", "margin_lr": 0.05}),
     "OrdinalRegressionModule": ("OrdinalRegressionModule", {"num_classes": 4, "backbone": TINY_BACKBONE}),
-    "OrdinalRegressionModule+": ("OrdinalRegressionModule", {"num_classes": 4, "backbone": TINY_BACKBONE, "head": "coral",
-                                                             "weight_decay": 0.01}),
+    "OrdinalRegressionModule+": (
+        "OrdinalRegressionModule",
+        {"num_classes": 4, "backbone": TINY_BACKBONE, "head": "coral", "weight_decay": 0.01},
+    ),
     "PretrainModule": ("PretrainModule", {"backbone": TINY_BACKBONE}),
-    "PretrainModule+": ("PretrainModule", {"backbone": TINY_BACKBONE, "num_classes": 3, "task": "nominal", "knn_k": 5,
-                                           "online_probe_lr": 0.3, "lr": 0.01}),
+    "PretrainModule+": (
+        "PretrainModule",
+        {"backbone": TINY_BACKBONE, "num_classes": 3, "task": "nominal", "knn_k": 5, "online_probe_lr": 0.3, "lr": 0.01},
+    ),
     "SupConModule": ("SupConModule", dict(_PRE)),
-    "SupConModule+": ("SupConModule", {**_PRE, "method": "simclr", "lr": 0.1, "warmup_epochs": 0.0, "knn_k": 3,
-                                       "projector_dim": 16}),
+    "SupConModule+": ("SupConModule", {**_PRE, "method": "simclr", "lr": 0.1, "warmup_epochs": 0.0, "knn_k": 3, "projector_dim": 16}),
     "RnCModule": ("RnCModule", dict(_PRE)),
     "RnCModule+": ("RnCModule", {**_PRE, "temperature": 1.0, "optimizer": "adam", "min_lr_ratio": 0.0}),
     "ReLICModule": ("ReLICModule", dict(_PRE)),
-    "ReLICModule+": ("ReLICModule", {**_PRE, "beta": 0.9, "update_beta_after_step": 0, "knn_k": 0, "lr": 1e-3,
-                                     "alpha": 0.5, "scheduler": "cosine"}),
+    "ReLICModule+": (
+        "ReLICModule",
+        {**_PRE, "beta": 0.9, "update_beta_after_step": 0, "knn_k": 0, "lr": 1e-3, "alpha": 0.5, "scheduler": "cosine"},
+    ),
     "LinearProbeModule": ("LinearProbeModule", {"num_classes": 4, "encoder_info": _ENCODER}),
-    "LinearProbeModule+": ("LinearProbeModule", {"num_classes": 4, "encoder_info": _ENCODER, "lr": 1.0,
-                                                 "normalize_features": True, "pretrained": False}),
+    "LinearProbeModule+": (
+        "LinearProbeModule",
+        {"num_classes": 4, "encoder_info": _ENCODER, "lr": 1.0, "normalize_features": True, "pretrained": False},
+    ),
     "LinearRegressorModule": ("LinearRegressorModule", {"num_classes": 4, "encoder_info": _ENCODER}),
-    "LinearRegressorModule+": ("LinearRegressorModule", {"num_classes": 4, "encoder_info": _ENCODER, "lr": 0.5,
-                                                         "min_lr_ratio": 0.0, "task": "ordinal"}),
+    "LinearRegressorModule+": (
+        "LinearRegressorModule",
+        {"num_classes": 4, "encoder_info": _ENCODER, "lr": 0.5, "min_lr_ratio": 0.0, "task": "ordinal"},
+    ),
     "OrdinalCLIPModule": ("OrdinalCLIPModule", {"num_classes": 5, **_CLIP}),
-    "OrdinalCLIPModule+": ("OrdinalCLIPModule", {"num_classes": 5, **_CLIP, "lr": 1e-3, "optimizer": "adam",
-                                                 "num_base_ranks": 2, "rank_lr": 0.01}),
+    "OrdinalCLIPModule+": (
+        "OrdinalCLIPModule",
+        {"num_classes": 5, **_CLIP, "lr": 1e-3, "optimizer": "adam", "num_base_ranks": 2, "rank_lr": 0.01},
+    ),
 }
 
 
@@ -106,8 +117,7 @@ def printed_model_config(config: str) -> dict[str, Any]:
 def _differences(got: dict[str, Any], want: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     keys = set(got) | set(want)
     missing = object()
-    return {k: (got.get(k, missing), want.get(k, missing)) for k in sorted(keys)
-            if k not in got or k not in want or got[k] != want[k]}
+    return {k: (got.get(k, missing), want.get(k, missing)) for k in sorted(keys) if k not in got or k not in want or got[k] != want[k]}
 
 
 def _stored() -> dict[str, Any]:
@@ -126,7 +136,9 @@ def test_model_config_of_every_shipped_config_is_as_before(config: str) -> None:
     want = _stored()["configs"][config]
     got = printed_model_config(config)
     assert got["class_path"] == want["class_path"]
-    assert not _differences(got["init_args"], want["init_args"]), f"{config}: (now, before) {_differences(got['init_args'], want['init_args'])}"
+    assert not _differences(got["init_args"], want["init_args"]), (
+        f"{config}: (now, before) {_differences(got['init_args'], want['init_args'])}"
+    )
 
 
 def test_every_shipped_config_has_a_stored_record() -> None:

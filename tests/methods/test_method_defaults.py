@@ -38,16 +38,42 @@ from tests.conftest import TINY_BACKBONE
 #: each method's defaults that differ from BaseModule's (adam, lr 1e-3, weight decay 0, cosine, no warm-up,
 #: min_lr_ratio 0) or PretrainModule's (online_probe_lr None, knn_k 0), as the references (and the docs) give them
 METHOD_DEFAULTS: dict[type, dict[str, Any]] = {
-    SupConModule: {"optimizer": "sgd", "lr": 0.05, "weight_decay": 1e-4, "momentum": 0.9, "scheduler": "cosine",
-                   "warmup_epochs": 1.0, "min_lr_ratio": 1e-3},
-    RnCModule: {"optimizer": "sgd", "lr": 0.5, "weight_decay": 1e-4, "momentum": 0.9, "scheduler": "cosine",
-                "warmup_epochs": 0.0, "min_lr_ratio": 1e-3},
-    ReLICModule: {"optimizer": "adam", "lr": 3e-4, "weight_decay": 1e-5, "scheduler": "none", "online_probe_lr": 0.01,
-                  "knn_k": 20},
-    LinearProbeModule: {"optimizer": "sgd", "lr": 0.1, "weight_decay": 0.0, "momentum": 0.9, "scheduler": "cosine",
-                        "warmup_epochs": 0.0, "min_lr_ratio": 0.0},
-    LinearRegressorModule: {"optimizer": "sgd", "lr": 0.05, "weight_decay": 0.0, "momentum": 0.9, "scheduler": "cosine",
-                            "min_lr_ratio": 0.008},
+    SupConModule: {
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "weight_decay": 1e-4,
+        "momentum": 0.9,
+        "scheduler": "cosine",
+        "warmup_epochs": 1.0,
+        "min_lr_ratio": 1e-3,
+    },
+    RnCModule: {
+        "optimizer": "sgd",
+        "lr": 0.5,
+        "weight_decay": 1e-4,
+        "momentum": 0.9,
+        "scheduler": "cosine",
+        "warmup_epochs": 0.0,
+        "min_lr_ratio": 1e-3,
+    },
+    ReLICModule: {"optimizer": "adam", "lr": 3e-4, "weight_decay": 1e-5, "scheduler": "none", "online_probe_lr": 0.01, "knn_k": 20},
+    LinearProbeModule: {
+        "optimizer": "sgd",
+        "lr": 0.1,
+        "weight_decay": 0.0,
+        "momentum": 0.9,
+        "scheduler": "cosine",
+        "warmup_epochs": 0.0,
+        "min_lr_ratio": 0.0,
+    },
+    LinearRegressorModule: {
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "weight_decay": 0.0,
+        "momentum": 0.9,
+        "scheduler": "cosine",
+        "min_lr_ratio": 0.008,
+    },
     OrdinalCLIPModule: {"optimizer": "radam", "lr": 1e-4, "weight_decay": 0.0, "scheduler": "cosine"},
 }
 BASE_ARGUMENTS = set(inspect.signature(BaseModule).parameters)
@@ -123,8 +149,9 @@ def test_linear_stages_record_their_defaults_and_checkpoint_encoder() -> None:
 
 
 def test_pretrain_module_takes_the_online_evaluators_arguments() -> None:
-    model = PretrainModule(backbone=TINY_BACKBONE, num_classes=3, task="nominal", knn_k=5, knn_temperature=0.2,
-                           online_probe_lr=0.3, online_probe_norm=False)
+    model = PretrainModule(
+        backbone=TINY_BACKBONE, num_classes=3, task="nominal", knn_k=5, knn_temperature=0.2, online_probe_lr=0.3, online_probe_norm=False
+    )
     ev = model.online_eval
     assert (ev.num_classes, ev.task, ev.knn_k, ev.knn_temperature, ev.lr, ev.norm) == (3, "nominal", 5, 0.2, 0.3, False)
     assert model.probe is not None and model.hparams.knn_k == 5 and "knn_k" not in inspect.signature(BaseModule).parameters
@@ -154,8 +181,9 @@ def test_user_subclass_keeps_its_own_arguments_and_the_methods_defaults(tmp_path
     assert model.hparams.width == 3 and model.hparams.projector_dim == 16
     assert model.hparams.lr == 0.05 and model.hparams.optimizer == "sgd"
     path = tmp_path / "m.ckpt"  # what a checkpoint keeps of the module: its weights and hyper-parameters
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams),
-                "pytorch-lightning_version": L.__version__}, path)
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "pytorch-lightning_version": L.__version__}, path
+    )
     loaded = _MySupCon.load_from_checkpoint(path, weights_only=False)
     assert loaded.width == 3 and loaded.hparams.projector_dim == 16 and loaded.hparams.lr == 0.05
     for key, value in model.state_dict().items():
@@ -167,8 +195,10 @@ def test_user_subclass_keeps_its_own_arguments_and_the_methods_defaults(tmp_path
 MODULES = [c for c in vars(methods).values() if isinstance(c, type) and issubclass(c, BaseModule)]
 #: ``(class, argument)`` re-declared with the base's default, and why
 SAME_DEFAULT = {
-    **{(cls, "num_classes"): "required and the first positional argument (Module(10)); the constructor's checks use it"
-       for cls in (methods.CEModule, methods.CLOCModule, methods.OrdinalRegressionModule, OrdinalCLIPModule)},
+    **{
+        (cls, "num_classes"): "required and the first positional argument (Module(10)); the constructor's checks use it"
+        for cls in (methods.CEModule, methods.CLOCModule, methods.OrdinalRegressionModule, OrdinalCLIPModule)
+    },
     (LinearProbeModule, "backbone_kwargs"): "an override of the checkpoint's (None: the checkpoint's), not the base's option",
     (LinearProbeModule, "pretrained"): "not used (the weights come from encoder_ckpt): refused unless false, documented so",
 }
@@ -223,8 +253,11 @@ def test_a_redeclared_argument_keeps_the_bases_type_and_changes_its_default(cls:
 
 @pytest.mark.parametrize(
     ("owner", "component", "exclude"),
-    [(PretrainModule, OnlineEvaluator, set()), (MomentumModule, EMATarget, set()),
-     (OrdinalCLIPModule, RankPromptLearner, {"clip_model", "num_ranks", "tokenizer", "truncate_padding"})],
+    [
+        (PretrainModule, OnlineEvaluator, set()),
+        (MomentumModule, EMATarget, set()),
+        (OrdinalCLIPModule, RankPromptLearner, {"clip_model", "num_ranks", "tokenizer", "truncate_padding"}),
+    ],
     ids=lambda c: getattr(c, "__name__", ""),
 )
 def test_the_module_that_builds_a_component_declares_its_arguments_as_the_component_does(

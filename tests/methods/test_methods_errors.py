@@ -32,9 +32,7 @@ from tests._reliability import (
 )
 
 
-@pytest.mark.parametrize(
-    "name", ["CEModule", "CLOCModule", "SupConModule-supcon", "LinearProbeModule", "OrdinalCLIPModule", "ReLICModule"]
-)
+@pytest.mark.parametrize("name", ["CEModule", "CLOCModule", "SupConModule-supcon", "LinearProbeModule", "OrdinalCLIPModule", "ReLICModule"])
 def test_num_classes_mismatching_the_data(name: str, tmp_path: Path) -> None:
     model, dm = _make(name, n=5)
     with pytest.raises(ValueError, match=r"num_classes=5 but OrdinalShapesDataModule has 4 classes.*num_classes 4"):
@@ -60,8 +58,17 @@ def test_nan_inputs_stop_every_module(name: str, strict: bool, tmp_path: Path) -
     """``strict_checks``: stopped at the first step, before the weights change.  Default (checks read every
     ``log_every_n_steps``, at epoch end and before checkpoints): stopped with the same message, no checkpoint written."""
     model, dm = _make(name, strict_checks=strict)
-    dm = _NaNShapes(num_classes=4, train_size=32, val_size=8, test_size=8, batch_size=8, num_workers=0,
-                    image_size=dm.image_size, augment="none", train_views=dm.train_views)
+    dm = _NaNShapes(
+        num_classes=4,
+        train_size=32,
+        val_size=8,
+        test_size=8,
+        batch_size=8,
+        num_workers=0,
+        image_size=dm.image_size,
+        augment="none",
+        train_views=dm.train_views,
+    )
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     with pytest.raises((ValueError, FloatingPointError), match="NaN|not finite") as info:
         _fit(model, dm, tmp_path, enable_checkpointing=True)

@@ -96,8 +96,9 @@ class _Record(L.Callback):
         self.steps.append((trainer.global_step - 1, _state(pl_module.backbone), _state(pl_module.target_encoder), lr))
 
 
-def _ema_reference(initial: dict[str, torch.Tensor], online: list[dict[str, torch.Tensor]], betas: list[float | None]
-                   ) -> list[dict[str, torch.Tensor]]:
+def _ema_reference(
+    initial: dict[str, torch.Tensor], online: list[dict[str, torch.Tensor]], betas: list[float | None]
+) -> list[dict[str, torch.Tensor]]:
     """The target after each step, in float64: ``beta * target + (1 - beta) * online``; ``None`` keeps it; integers copied."""
     target = {k: v.double() if v.is_floating_point() else v.clone() for k, v in initial.items()}
     out = []
@@ -196,8 +197,11 @@ def test_resume_from_a_step_checkpoint_continues_the_target_exactly(tmp_path: Pa
     assert a.keys() == b.keys()
     for k, v in a.items():
         assert torch.equal(v, b[k]), k
-    assert any(not torch.equal(a[k], a[k.replace("target_encoder.", "backbone.", 1)])
-               for k in a if k.startswith("target_encoder.") and a[k].is_floating_point())
+    assert any(
+        not torch.equal(a[k], a[k.replace("target_encoder.", "backbone.", 1)])
+        for k in a
+        if k.startswith("target_encoder.") and a[k].is_floating_point()
+    )
 
 
 def test_init_from_without_a_target_copies_the_loaded_online_network(tmp_path: Path) -> None:

@@ -117,9 +117,9 @@ def test_logits_and_loss_match_reference(head: str) -> None:
     with torch.no_grad():
         feats = m.image_features(x).double().numpy()
         protos = m.head.compute_prototypes().double().numpy()
-    ref = math.exp(3.0) * (feats / np.linalg.norm(feats, axis=1, keepdims=True)) @ (
-        protos / np.linalg.norm(protos, axis=1, keepdims=True)
-    ).T
+    ref = (
+        math.exp(3.0) * (feats / np.linalg.norm(feats, axis=1, keepdims=True)) @ (protos / np.linalg.norm(protos, axis=1, keepdims=True)).T
+    )
     logits = m(x)
     assert logits.shape == (6, 5) and logits.dtype == torch.float32
     np.testing.assert_allclose(logits.detach().double().numpy(), ref, rtol=1e-5, atol=1e-5)
@@ -186,14 +186,11 @@ def test_fit_keeps_text_encoder_frozen_and_out_of_the_optimiser(tmp_path: Path) 
 
 def test_clip_image_size_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     """CLIP's visual tower has a fixed input size: a data module with another size fails at setup, by name."""
-    dm = OrdinalShapesDataModule(num_classes=5, train_size=20, val_size=10, test_size=10, batch_size=10,
-                                 num_workers=0, image_size=2 * IMG)
+    dm = OrdinalShapesDataModule(num_classes=5, train_size=20, val_size=10, test_size=10, batch_size=10, num_workers=0, image_size=2 * IMG)
     with pytest.raises(ValueError, match=f"takes {IMG}x{IMG} px images .* image_size={2 * IMG}; set --data.image_size {IMG}"):
         _trainer(tmp_path, max_epochs=1).fit(make(), datamodule=dm)
     # a timm encoder takes any size
-    _trainer(tmp_path, max_epochs=1, limit_val_batches=1).fit(
-        make(image_encoder="timm", backbone=TINY_BACKBONE), datamodule=dm
-    )
+    _trainer(tmp_path, max_epochs=1, limit_val_batches=1).fit(make(image_encoder="timm", backbone=TINY_BACKBONE), datamodule=dm)
 
 
 def test_prototype_cache_in_eval_recompute_in_training() -> None:
@@ -279,13 +276,49 @@ def test_export_logits_equal_module_and_load_without_text_tower(
 @pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_cli_fit_and_export_prototypes(tmp_path: Path) -> None:
     out = run_cli(
-        ["fit", "--model", "OrdinalCLIPModule", "--model.num_classes", "4", "--model.clip_model", "ViT-S-32-alt",
-         "--model.clip_config", TINY_JSON, "--model.num_context_tokens", "4", "--model.lr", "0.01",
-         "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.image_size", str(IMG),
-         "--data.train_size", "32", "--data.val_size", "16", "--data.test_size", "16", "--data.batch_size", "16",
-         "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
-         "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", "runs",
-         "--trainer.logger.init_args.name", "oc", "--test_after_fit", "true"],
+        [
+            "fit",
+            "--model",
+            "OrdinalCLIPModule",
+            "--model.num_classes",
+            "4",
+            "--model.clip_model",
+            "ViT-S-32-alt",
+            "--model.clip_config",
+            TINY_JSON,
+            "--model.num_context_tokens",
+            "4",
+            "--model.lr",
+            "0.01",
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "4",
+            "--data.image_size",
+            str(IMG),
+            "--data.train_size",
+            "32",
+            "--data.val_size",
+            "16",
+            "--data.test_size",
+            "16",
+            "--data.batch_size",
+            "16",
+            "--data.num_workers",
+            "0",
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_model_summary",
+            "false",
+            "--trainer.logger.init_args.save_dir",
+            "runs",
+            "--trainer.logger.init_args.name",
+            "oc",
+            "--test_after_fit",
+            "true",
+        ],
         tmp_path,
     ).stdout
     assert "test/mae_expected" in out

@@ -106,8 +106,11 @@ def test_16_true_trains_with_sgd_and_is_refused_with_adaptive_optimisers(name: s
         assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
         return
     assert optimizer in ADAPTIVE_OPTIMIZERS
-    with pytest.raises(ValueError, match=rf"{type(model).__name__}: precision '16-true' keeps .*{optimizer}.*eps.*"
-                                         r"bf16-mixed or bf16-true.*--model.optimizer sgd"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{type(model).__name__}: precision '16-true' keeps .*{optimizer}.*eps.*"
+        r"bf16-mixed or bf16-true.*--model.optimizer sgd",
+    ):
         _fit(name, "16-true", tmp_path)
 
 

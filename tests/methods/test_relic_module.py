@@ -59,13 +59,14 @@ def _pair_mean_reference(online: list[torch.Tensor], target: list[torch.Tensor],
     return torch.stack(terms).mean()
 
 
-
-
 def _target_is_online(m: ReLICModule) -> bool:
     return all(
         torch.equal(o, t)
-        for o, t in zip([*m.backbone.state_dict().values(), *m.projector.state_dict().values()],
-                        [*m.target_encoder.state_dict().values(), *m.target_projector.state_dict().values()], strict=True)
+        for o, t in zip(
+            [*m.backbone.state_dict().values(), *m.projector.state_dict().values()],
+            [*m.target_encoder.state_dict().values(), *m.target_projector.state_dict().values()],
+            strict=True,
+        )
     )
 
 
@@ -179,8 +180,10 @@ def test_wrong_view_count_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"yields 2 views.*MultiCropViews"):
         _trainer(tmp_path).fit(m, datamodule=_dm(SupConViews(2)))
     with pytest.raises(ValueError, match=r"MultiCropViews.*\(2, 1\).*num_local_views: 2"):  # same total, other split
-        _trainer(tmp_path).fit(ReLICModule(backbone=TINY_BACKBONE, num_global_views=1, num_local_views=2, **QUIET),
-                               datamodule=_dm(MultiCropViews(2, 1, local_size=16)))
+        _trainer(tmp_path).fit(
+            ReLICModule(backbone=TINY_BACKBONE, num_global_views=1, num_local_views=2, **QUIET),
+            datamodule=_dm(MultiCropViews(2, 1, local_size=16)),
+        )
     with pytest.raises(ValueError, match="at least two views"):
         ReLICModule(backbone=TINY_BACKBONE, num_global_views=1, num_local_views=0)
     with pytest.raises(ValueError, match="negatives"):
@@ -289,8 +292,15 @@ def test_bf16_mixed_fit_stays_finite_and_resume_restores_the_target(tmp_path: Pa
     # local views at 32 px: a stride-2 conv on 1x1 maps (test_resnet on 16 px) gives NaN weight
     # gradients in PyTorch's CPU bf16 kernels, independently of this module (see the note)
     views = MultiCropViews(2, 1, local_size=32)
-    m = ReLICModule(backbone=TINY_BACKBONE, num_local_views=1, update_beta_after_step=0, mini_batch_size=mini_batch_size,
-                    negatives="full_batch", num_classes=4, task="ordinal")
+    m = ReLICModule(
+        backbone=TINY_BACKBONE,
+        num_local_views=1,
+        update_beta_after_step=0,
+        mini_batch_size=mini_batch_size,
+        negatives="full_batch",
+        num_classes=4,
+        task="ordinal",
+    )
     trainer = _trainer(tmp_path, precision="bf16-mixed", max_steps=3, limit_val_batches=1)
     trainer.fit(m, datamodule=_dm(views, train_size=48))  # one epoch of 3 steps, then validation
     assert trainer.global_step == 3
@@ -304,10 +314,20 @@ def test_bf16_mixed_fit_stays_finite_and_resume_restores_the_target(tmp_path: Pa
     raw = torch.load(ckpt, map_location="cpu", weights_only=False)
     assert raw[ENCODER_META_KEY]["prefix"] == "target_encoder."
     saved = {k: v for k, v in raw["state_dict"].items() if k.startswith("target_")}
-    assert saved and any(not torch.equal(v, raw["state_dict"][k.replace("target_encoder.", "backbone.", 1)])
-                         for k, v in saved.items() if k.startswith("target_encoder.") and v.is_floating_point())
-    resumed = _Recording(backbone=TINY_BACKBONE, num_local_views=1, update_beta_after_step=0, mini_batch_size=mini_batch_size,
-                         negatives="full_batch", num_classes=4, task="ordinal")
+    assert saved and any(
+        not torch.equal(v, raw["state_dict"][k.replace("target_encoder.", "backbone.", 1)])
+        for k, v in saved.items()
+        if k.startswith("target_encoder.") and v.is_floating_point()
+    )
+    resumed = _Recording(
+        backbone=TINY_BACKBONE,
+        num_local_views=1,
+        update_beta_after_step=0,
+        mini_batch_size=mini_batch_size,
+        negatives="full_batch",
+        num_classes=4,
+        task="ordinal",
+    )
     _trainer(tmp_path, max_epochs=2, max_steps=4, limit_val_batches=0).fit(resumed, datamodule=_dm(views, train_size=48), ckpt_path=ckpt)
     assert resumed.start_target.keys() == saved.keys()
     assert all(torch.equal(resumed.start_target[k], v) for k, v in saved.items())  # the target came back from the checkpoint
@@ -318,9 +338,24 @@ def test_bf16_mixed_fit_stays_finite_and_resume_restores_the_target(tmp_path: Pa
 @pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_cli_fit_validate_test_and_offline_probe_on_the_target_encoder(tmp_path: Path) -> None:
     shrink = [
-        "--data.train_size", "64", "--data.val_size", "32", "--data.test_size", "32", "--data.batch_size", "32",
-        "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--model.mini_batch_size", "16", "--model.negatives", "full_batch",
+        "--data.train_size",
+        "64",
+        "--data.val_size",
+        "32",
+        "--data.test_size",
+        "32",
+        "--data.batch_size",
+        "32",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--model.mini_batch_size",
+        "16",
+        "--model.negatives",
+        "full_batch",
     ]
     config = str(REPO / "configs" / "relic" / "demo.yaml")
     out = run_cli(["fit", "--config", config, *shrink], tmp_path)  # demo.yaml tests the best checkpoint after fit
@@ -330,8 +365,23 @@ def test_cli_fit_validate_test_and_offline_probe_on_the_target_encoder(tmp_path:
     val = run_cli(["validate", "--config", config, *shrink, "--ckpt_path", str(ckpt)], tmp_path)
     assert "val/online_probe/acc" in val.stdout
     probe = run_cli(
-        ["probe", "--ckpt", str(ckpt), "--normalize", "true", "--data", "OrdinalShapesDataModule", "--data.num_classes", "6",
-         "--data.train_size", "64", "--data.test_size", "32", "--data.num_workers", "0"],
+        [
+            "probe",
+            "--ckpt",
+            str(ckpt),
+            "--normalize",
+            "true",
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "6",
+            "--data.train_size",
+            "64",
+            "--data.test_size",
+            "32",
+            "--data.num_workers",
+            "0",
+        ],
         tmp_path,
     )
     assert "'target_encoder.'" in probe.stdout and "top1:" in probe.stdout
@@ -364,14 +414,37 @@ def _ddp_mini_batches(rank: int, world_size: int, work: str) -> dict:
             grads[name] = grad / world_size
     torch.distributed.all_reduce(loss)
     L.seed_everything(0)
-    model = ReLICModule(backbone=TINY_BACKBONE, num_local_views=1, mini_batch_size=4, negatives="full_batch",
-                        update_beta_after_step=0, projector_hidden_dim=32, projector_dim=16, num_classes=4, task="ordinal")
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=2, limit_val_batches=1, num_sanity_val_steps=0,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=work)
+    model = ReLICModule(
+        backbone=TINY_BACKBONE,
+        num_local_views=1,
+        mini_batch_size=4,
+        negatives="full_batch",
+        update_beta_after_step=0,
+        projector_hidden_dim=32,
+        projector_dim=16,
+        num_classes=4,
+        task="ordinal",
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=work,
+    )
     trainer.fit(model, datamodule=_dm(MultiCropViews(2, 1, local_size=16), batch_size=8, train_size=32))
-    return {"loss": float(loss) / world_size, "grads": grads, "state": {k: v.clone() for k, v in model.state_dict().items()},
-            "step": trainer.global_step}
+    return {
+        "loss": float(loss) / world_size,
+        "grads": grads,
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "step": trainer.global_step,
+    }
 
 
 @pytest.mark.slow
@@ -385,8 +458,9 @@ def test_mini_batches_under_ddp_match_one_process_and_keep_ranks_in_sync(tmp_pat
     ref = _ConvReLIC(**kw).eval()  # one process, the whole batch of 8, no mini-batches
     g = torch.Generator().manual_seed(1)
     views = [torch.randn(8, 3, 8, 8, generator=g), torch.randn(8, 3, 8, 8, generator=g), torch.randn(8, 3, 5, 5, generator=g)]
-    expected = _pair_mean_reference([ref.online_projection(v) for v in views],
-                                    [ref.target_outputs(v)[1] for v in views[:2]], ref, gamma=1.0)
+    expected = _pair_mean_reference(
+        [ref.online_projection(v) for v in views], [ref.target_outputs(v)[1] for v in views[:2]], ref, gamma=1.0
+    )
     expected.backward()
     assert ranks[0]["loss"] == pytest.approx(float(expected.detach()), rel=1e-5)
     for name, p in ref.named_parameters():
@@ -420,7 +494,13 @@ def test_configs_instantiate_with_matching_views(name: str) -> None:
     assert dm.n_views == args["num_global_views"] + args["num_local_views"]
     if name in ("cifar10", "stl10"):  # the seed's settings
         assert (args["optimizer"], args["lr"], args["weight_decay"], args["beta"], args["alpha"], args["gamma"]) == (
-            "adam", 0.0003, 0.00001, 0.99, 1.0, 1.0)
+            "adam",
+            0.0003,
+            0.00001,
+            0.99,
+            1.0,
+            1.0,
+        )
         assert (args["projector_hidden_dim"], args["projector_dim"], dm.batch_size) == (512, 64, 256)
         assert cfg["trainer"]["precision"] == "16-mixed" and args["scheduler"] == "none"
         return  # (ResNet-18/50 construction is not needed to check the settings)
@@ -462,4 +542,3 @@ def test_relic_mini_batch_size_not_dividing_the_batch(tmp_path: Path) -> None:
         _fit(relic, _shapes(views=_relic_views(), train_size=34, drop_last=False), tmp_path)
     with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
         ReLICModule(mini_batch_size=0)
-

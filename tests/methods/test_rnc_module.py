@@ -38,15 +38,14 @@ CONFIGS = REPO / "configs" / "rnc"
 
 
 def _dm(n_views: int | None = 2, num_classes: int = 4, **kw: Any) -> OrdinalShapesDataModule:
-    args: dict[str, Any] = dict(num_classes=num_classes, train_size=32, val_size=16, test_size=16, batch_size=8,
-                                num_workers=0, image_size=16, augment="none")
+    args: dict[str, Any] = dict(
+        num_classes=num_classes, train_size=32, val_size=16, test_size=16, batch_size=8, num_workers=0, image_size=16, augment="none"
+    )
     args.update(kw)
     return OrdinalShapesDataModule(train_views=SupConViews(n_views, scale=(0.8, 1.0)) if n_views else None, **args)
 
 
-_trainer = partial(
-    cpu_trainer, max_epochs=1, log_every_n_steps=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0
-)
+_trainer = partial(cpu_trainer, max_epochs=1, log_every_n_steps=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
 
 
 def _fit(model: L.LightningModule, dm: L.LightningDataModule, trainer: L.Trainer) -> L.Trainer:
@@ -85,10 +84,14 @@ def rnc_eq2(z: np.ndarray, y: np.ndarray, tau: float, label_distance: str = "l1"
     return total / m
 
 
-@pytest.mark.parametrize(("settings", "projector"), [
-    ({"temperature": 2.0}, None),  # the paper's: L1 labels, L2 features, no projector
-    ({"temperature": 0.5, "label_distance": "l2", "feature_similarity": "cosine"}, 8),
-], ids=["paper", "projector-cosine"])
+@pytest.mark.parametrize(
+    ("settings", "projector"),
+    [
+        ({"temperature": 2.0}, None),  # the paper's: L1 labels, L2 features, no projector
+        ({"temperature": 0.5, "label_distance": "l2", "feature_similarity": "cosine"}, 8),
+    ],
+    ids=["paper", "projector-cosine"],
+)
 def test_training_loss_is_eq2_on_the_features_the_module_produced(settings: dict[str, Any], projector: int | None) -> None:
     torch.manual_seed(0)
     model = RnCModule(**settings, projector_dim=projector, online_probe=False, **SMALL)
@@ -99,15 +102,19 @@ def test_training_loss_is_eq2_on_the_features_the_module_produced(settings: dict
     with torch.no_grad():
         z = model.projector(model.backbone(torch.cat(views)))
     z3 = torch.stack([z[:5], z[5:]], dim=1).double().numpy()  # [bsz, n_views, dim], views of image s at [s, v]
-    expected = rnc_eq2(z3, y.numpy(), settings["temperature"], settings.get("label_distance", "l1"),
-                       settings.get("feature_similarity", "l2"))
+    expected = rnc_eq2(
+        z3, y.numpy(), settings["temperature"], settings.get("label_distance", "l1"), settings.get("feature_similarity", "l2")
+    )
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
     # float targets (a vector per image) go to the loss as they come
     targets = torch.tensor([[0.5, 1.0], [2.0, 0.0], [1.5, 1.5], [0.0, 0.0], [3.0, 1.0]])
     vector = model.training_step((views, targets), 0)
     assert float(vector.detach()) == pytest.approx(
-        rnc_eq2(z3, targets.numpy(), settings["temperature"], settings.get("label_distance", "l1"),
-                settings.get("feature_similarity", "l2")), rel=1e-5)
+        rnc_eq2(
+            z3, targets.numpy(), settings["temperature"], settings.get("label_distance", "l1"), settings.get("feature_similarity", "l2")
+        ),
+        rel=1e-5,
+    )
 
 
 def test_fit_logs_the_loss_and_the_online_probe_and_checkpoints_the_encoder(tmp_path: Path) -> None:
@@ -194,8 +201,9 @@ def test_regressor_metrics_equal_numpy_on_a_batch(stage_one: Path, tmp_path: Pat
 
 
 def test_stage_one_to_stage_two_through_checkpoints_keeps_the_encoder_frozen(stage_one: Path, tmp_path: Path) -> None:
-    encoder = {k[len("backbone."):]: v for k, v in torch.load(stage_one, weights_only=False)["state_dict"].items()
-               if k.startswith("backbone.")}
+    encoder = {
+        k[len("backbone.") :]: v for k, v in torch.load(stage_one, weights_only=False)["state_dict"].items() if k.startswith("backbone.")
+    }
     model = LinearRegressorModule(num_classes=4, encoder_ckpt=str(stage_one))
     state = model.backbone.state_dict()
     assert state.keys() == encoder.keys() and all(torch.equal(state[k], v) for k, v in encoder.items())
@@ -286,7 +294,8 @@ TINY = [
 
 
 def test_demo_configs_both_stages_then_test_and_probe_through_the_cli(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["cloc-lightning"])
     small = ["--model.backbone_kwargs", json.dumps(SMALL["backbone_kwargs"])]  # stage two reads it from the checkpoint
@@ -311,9 +320,29 @@ def test_demo_configs_both_stages_then_test_and_probe_through_the_cli(
         r = float(row["regression"])
         assert float(row["expected"]) == pytest.approx(min(max(r, 0.0), 5.0), abs=1e-4)
         assert int(row["pred"]) == math.ceil(float(row["expected"]) - 0.5)
-    main(["probe", "--ckpt", str(one / "last.ckpt"), "--data", "OrdinalShapesDataModule", "--data.num_classes", "6",
-          "--data.train_size", "24", "--data.test_size", "12", "--data.image_size", "16", "--data.num_workers", "0",
-          "--data.batch_size", "16", "--output", str(tmp_path / "probe.json")])
+    main(
+        [
+            "probe",
+            "--ckpt",
+            str(one / "last.ckpt"),
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "6",
+            "--data.train_size",
+            "24",
+            "--data.test_size",
+            "12",
+            "--data.image_size",
+            "16",
+            "--data.num_workers",
+            "0",
+            "--data.batch_size",
+            "16",
+            "--output",
+            str(tmp_path / "probe.json"),
+        ]
+    )
     result = json.loads((tmp_path / "probe.json").read_text())
     assert 0.0 <= result["top1"] <= 1.0 and result["encoder"].endswith("RnCModule)")
 

@@ -46,13 +46,12 @@ def _dm(views: Any = None, **kw: Any) -> OrdinalShapesDataModule:
     return OrdinalShapesDataModule(train_views=views, **args)
 
 
-_trainer = partial(
-    cpu_trainer, max_epochs=1, num_sanity_val_steps=0, limit_train_batches=2, limit_val_batches=1, deterministic=True
-)
+_trainer = partial(cpu_trainer, max_epochs=1, num_sanity_val_steps=0, limit_train_batches=2, limit_val_batches=1, deterministic=True)
 
 
-def _fit(model: L.LightningModule, root: Path, dm: OrdinalShapesDataModule | None = None, ckpt_path: str | None = None,
-         **kw: Any) -> L.Trainer:
+def _fit(
+    model: L.LightningModule, root: Path, dm: OrdinalShapesDataModule | None = None, ckpt_path: str | None = None, **kw: Any
+) -> L.Trainer:
     trainer = _trainer(root, **kw)
     trainer.fit(model, datamodule=dm or _dm(), ckpt_path=ckpt_path)
     return trainer
@@ -188,15 +187,29 @@ def test_a_compiled_run_saves_plain_keys_that_plain_modules_load_resume_probe_an
     assert len(init.load_weights(str(compiled_ckpt))["loaded"]) == len(saved)
     _assert_close(dict(init.state_dict()), saved, atol=0.0)
     # LinearProbeModule(encoder_ckpt=...), plain and compiled: the frozen encoder is the stage-one encoder
-    stage_one = {k[len("backbone."):]: v for k, v in saved.items() if k.startswith("backbone.")}
+    stage_one = {k[len("backbone.") :]: v for k, v in saved.items() if k.startswith("backbone.")}
     _assert_close(dict(LinearProbeModule(num_classes=4, encoder_ckpt=str(compiled_ckpt)).backbone.state_dict()), stage_one, atol=0.0)
     probe = LinearProbeModule(num_classes=4, encoder_ckpt=str(compiled_ckpt), compile_backbone=EAGER)
     _fit(probe, tmp_path / "probe", limit_train_batches=1, limit_val_batches=0)
     assert _compiled(probe.backbone)
     _assert_close(dict(probe.backbone.state_dict()), stage_one, atol=0.0)  # frozen, compiled, trained on
     # cloc-lightning probe
-    shapes = ["--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "32", "--data.val_size",
-              "16", "--data.test_size", "16", "--data.batch_size", "8", "--data.num_workers", "0"]
+    shapes = [
+        "--data",
+        "OrdinalShapesDataModule",
+        "--data.num_classes",
+        "4",
+        "--data.train_size",
+        "32",
+        "--data.val_size",
+        "16",
+        "--data.test_size",
+        "16",
+        "--data.batch_size",
+        "8",
+        "--data.num_workers",
+        "0",
+    ]
     main(["probe", "--ckpt", str(compiled_ckpt), *shapes, "--max_iter", "50"])
     assert "top1:" in capsys.readouterr().out
 
@@ -225,19 +238,57 @@ def test_cli_resume_takes_the_speed_options_of_the_command_line_not_the_checkpoi
 
     monkeypatch.chdir(tmp_path)
     common = [
-        "fit", "--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE,
-        "--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "32", "--data.val_size", "16",
-        "--data.test_size", "16", "--data.batch_size", "8", "--data.num_workers", "0", "--data.drop_last", "true",
-        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "0",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.logger", "false",
+        "fit",
+        "--model",
+        "CEModule",
+        "--model.num_classes",
+        "4",
+        "--model.backbone",
+        TINY_BACKBONE,
+        "--data",
+        "OrdinalShapesDataModule",
+        "--data.num_classes",
+        "4",
+        "--data.train_size",
+        "32",
+        "--data.val_size",
+        "16",
+        "--data.test_size",
+        "16",
+        "--data.batch_size",
+        "8",
+        "--data.num_workers",
+        "0",
+        "--data.drop_last",
+        "true",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.logger",
+        "false",
     ]
-    for ckpt, options, compiled in ((plain_ckpt, ["--model.compile_backbone", "{backend: eager}", "--model.channels_last", "true"], True),
-                                    (compiled_ckpt, [], False)):
+    for ckpt, options, compiled in (
+        (plain_ckpt, ["--model.compile_backbone", "{backend: eager}", "--model.channels_last", "true"], True),
+        (compiled_ckpt, [], False),
+    ):
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)  # as the CLI writes it: with its class path
         saved["hyper_parameters"]["_class_path"] = "cloc_lightning.methods.CEModule"
         torch.save(saved, tmp_path / "cli.ckpt")
-        cli = CLOCLightningCLI(BaseModule, BaseDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                               save_config_kwargs={"overwrite": True}, args=[*common, *options, "--ckpt_path", str(tmp_path / "cli.ckpt")])
+        cli = CLOCLightningCLI(
+            BaseModule,
+            BaseDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=[*common, *options, "--ckpt_path", str(tmp_path / "cli.ckpt")],
+        )
         assert cli.trainer.current_epoch == 2 and cli.model.hparams.num_classes == 4
         assert _compiled(cli.model.backbone) == compiled and cli.model.hparams.channels_last == compiled
 
@@ -250,7 +301,7 @@ def test_relic_compiles_both_encoders_and_its_checkpoint_probes_plain(tmp_path: 
     saved = _state(trainer.checkpoint_callback.last_model_path)  # type: ignore[union-attr]
     assert not any("_orig_mod" in k for k in saved) and any(k.startswith("target_encoder.") for k in saved)
     probe = LinearProbeModule(num_classes=4, encoder_ckpt=trainer.checkpoint_callback.last_model_path)  # type: ignore[union-attr]
-    target = {k[len("target_encoder."):]: v for k, v in saved.items() if k.startswith("target_encoder.")}
+    target = {k[len("target_encoder.") :]: v for k, v in saved.items() if k.startswith("target_encoder.")}
     _assert_close(dict(probe.backbone.state_dict()), target, atol=0.0)
 
 
@@ -269,14 +320,16 @@ def test_channels_last_reaches_every_convolution_of_both_encoders_and_matches_co
     runs: dict[bool, dict[str, torch.Tensor]] = {}
     for channels_last in (False, True):
         torch.manual_seed(0)
-        relic = ReLICModule(backbone=TINY_BACKBONE, online_probe=False, knn_k=0, optimizer="sgd", lr=0.05,
-                            channels_last=channels_last)
+        relic = ReLICModule(backbone=TINY_BACKBONE, online_probe=False, knn_k=0, optimizer="sgd", lr=0.05, channels_last=channels_last)
         seen = _record_conv_inputs([relic.backbone, relic.target_encoder])
         trainer = _fit(relic, tmp_path / str(channels_last), dm=_dm(MultiCropViews(2, 0)), limit_val_batches=0)
         assert (len(seen) > 0 and all(seen)) if channels_last else not all(seen)
         runs[channels_last] = _state(trainer.checkpoint_callback.last_model_path)  # type: ignore[union-attr]
-        weights = [v for k, v in runs[channels_last].items()  # (1x1 kernels are both layouts at once)
-                   if v.dim() == 4 and v.shape[2] * v.shape[3] > 1 and k.startswith(("backbone.", "target_encoder."))]
+        weights = [
+            v
+            for k, v in runs[channels_last].items()  # (1x1 kernels are both layouts at once)
+            if v.dim() == 4 and v.shape[2] * v.shape[3] > 1 and k.startswith(("backbone.", "target_encoder."))
+        ]
         assert all(w.is_contiguous(memory_format=torch.channels_last) == channels_last for w in weights)
     _assert_close(runs[True], runs[False], atol=1e-4)
     # a channels_last checkpoint loads into a contiguous module (values, not strides, are saved)
@@ -320,9 +373,7 @@ def test_a_fused_resume_across_memory_formats_continues_the_same_optimiser_state
     class _Layouts(L.Callback):
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             opt = trainer.optimizers[0]
-            self.matched = all(
-                v.stride() == p.stride() for p, s in opt.state.items() for v in s.values() if v.shape == p.shape
-            )
+            self.matched = all(v.stride() == p.stride() for p, s in opt.state.items() for v in s.values() if v.shape == p.shape)
 
     kw: dict[str, Any] = dict(optimizer="sgd", lr=0.05, scheduler="none", optimizer_fused=True)
     straight = _ce(channels_last=True, **kw)
@@ -330,8 +381,15 @@ def test_a_fused_resume_across_memory_formats_continues_the_same_optimiser_state
     first = _fit(_ce(**kw), tmp_path / "first", limit_train_batches=1, limit_val_batches=0)
     layouts = _Layouts()
     resumed = _ce(channels_last=True, **kw)
-    _fit(resumed, tmp_path / "resumed", ckpt_path=first.checkpoint_callback.last_model_path,  # type: ignore[union-attr]
-         max_epochs=2, limit_train_batches=1, limit_val_batches=0, callbacks=[layouts])
+    _fit(
+        resumed,
+        tmp_path / "resumed",
+        ckpt_path=first.checkpoint_callback.last_model_path,  # type: ignore[union-attr]
+        max_epochs=2,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        callbacks=[layouts],
+    )
     assert layouts.matched
     # channels_last and contiguous convolutions round differently (~5e-7 here); the momentum read in the
     # wrong order (no re-layout) moved weights by ~3e-2
@@ -366,8 +424,15 @@ def test_mistakes_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         _ce(compile_backbone={"options": ["max_autotune"]})
     with pytest.raises(TypeError, match=r"compile_backbone\.recompile_limit must be an int, got '8'"):
         _ce(compile_backbone={"recompile_limit": "8"})
-    for good in ({"mode": "max-autotune"}, {"mode": None, "fullgraph": True, "dynamic": None}, {"backend": "eager"},
-                 {"backend": "inductor", "options": {"max_autotune": True}}, {"disable": True}, True, False):
+    for good in (
+        {"mode": "max-autotune"},
+        {"mode": None, "fullgraph": True, "dynamic": None},
+        {"backend": "eager"},
+        {"backend": "inductor", "options": {"max_autotune": True}},
+        {"disable": True},
+        True,
+        False,
+    ):
         assert _ce(compile_backbone=good).hparams.compile_backbone == good
 
     class _OwnOptimiser(CEModule):

@@ -33,8 +33,15 @@ def test_fit_logs_online_probe_and_checkpoints_on_it(tmp_path: Path, method: str
     trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3)
     trainer.fit(model, datamodule=_dm())
     m = trainer.callback_metrics
-    for key in ("train/loss", "train/online_probe/loss", "train/online_probe/acc", "val/online_probe/acc",
-                "val/online_probe/loss", "val/online_probe/mae", "val/online_probe/qwk"):  # ordinal data: ordinal metrics too
+    for key in (
+        "train/loss",
+        "train/online_probe/loss",
+        "train/online_probe/acc",
+        "val/online_probe/acc",
+        "val/online_probe/loss",
+        "val/online_probe/mae",
+        "val/online_probe/qwk",
+    ):  # ordinal data: ordinal metrics too
         assert key in m and math.isfinite(float(m[key])), key
     assert 0.0 <= float(m["val/online_probe/acc"]) <= 1.0
     # the probe has its own group: no weight decay, its own lr (scaled by the same schedule)
@@ -170,8 +177,6 @@ def test_user_subclass_with_own_projector(tmp_path: Path) -> None:
     assert reloaded(torch.randn(2, 3, 32, 32))["projection"].shape == (2, 24)
 
 
-
-
 def test_cli_sees_typed_arguments_of_both_modules() -> None:
     """What LightningCLI builds ``--model.help`` and YAML validation from (explicit args + the base's via **kwargs)."""
     from jsonargparse import ArgumentParser
@@ -188,4 +193,3 @@ def test_cli_sees_typed_arguments_of_both_modules() -> None:
     assert d.probe.encoder_ckpt is None and d.probe.weight_decay == 0.0 and "lr_milestones" in d.probe and "task" in d.probe
     with pytest.raises(Exception, match="method"):
         parser.parse_args(["--supcon.method", "moco"])
-

@@ -53,8 +53,14 @@ class _Plain(L.LightningModule):
 def _count(model: L.LightningModule, dm: L.LightningDataModule, tmp_path: Path, callbacks: list[Any] | None = None) -> SyncCounter:
     counter = SyncCounter()
     trainer = cpu_trainer(
-        tmp_path, max_epochs=1, limit_train_batches=BATCHES, limit_val_batches=1, num_sanity_val_steps=0,
-        log_every_n_steps=LOG_EVERY, logger=TensorBoardLogger(str(tmp_path), name="syncs"), enable_progress_bar=True,
+        tmp_path,
+        max_epochs=1,
+        limit_train_batches=BATCHES,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        log_every_n_steps=LOG_EVERY,
+        logger=TensorBoardLogger(str(tmp_path), name="syncs"),
+        enable_progress_bar=True,
         callbacks=[counter, *(callbacks or [])],
     )
     with warnings.catch_warnings(), counter.patched():
@@ -66,8 +72,17 @@ def _count(model: L.LightningModule, dm: L.LightningDataModule, tmp_path: Path, 
 
 def _data(name: str, dm: Any) -> Any:
     """The module's data, with enough batches for typical steps between Lightning's logging steps."""
-    return type(dm)(num_classes=4, train_size=8 * BATCHES, val_size=8, test_size=8, batch_size=8, num_workers=0,
-                    image_size=dm.image_size, augment="none", train_views=dm.train_views)
+    return type(dm)(
+        num_classes=4,
+        train_size=8 * BATCHES,
+        val_size=8,
+        test_size=8,
+        batch_size=8,
+        num_workers=0,
+        image_size=dm.image_size,
+        augment="none",
+        train_views=dm.train_views,
+    )
 
 
 def test_plain_lightning_module_baseline(tmp_path: Path) -> None:
@@ -129,8 +144,16 @@ def test_the_counter_sees_each_kind_of_sync(tmp_path: Path) -> None:
         torch.tensor(1.5)
         require(torch.isfinite(t), "not reached")  # outside a Trainer step: read at once (one bool)
     kinds = [e.kind for e in counter.events[0]]
-    for kind in ("Tensor.item", "Tensor.__bool__", "Tensor.__float__", "Tensor.tolist", "torch.unique", "torch.bincount",
-                 "boolean-mask indexing", "torch.tensor(number): host-to-device copy"):
+    for kind in (
+        "Tensor.item",
+        "Tensor.__bool__",
+        "Tensor.__float__",
+        "Tensor.tolist",
+        "torch.unique",
+        "torch.bincount",
+        "boolean-mask indexing",
+        "torch.tensor(number): host-to-device copy",
+    ):
         assert kind in kinds, (kind, kinds)
     assert [e.library for e in counter.events[0]][-1]  # the read inside cloc_lightning.checks is the library's
 
@@ -185,10 +208,10 @@ def test_a_nan_loss_still_stops_the_run(strict: bool, tmp_path: Path) -> None:
 
     model.head.register_forward_hook(poison)
     counter = SyncCounter()
-    trainer = cpu_trainer(tmp_path, max_epochs=1, limit_train_batches=10, limit_val_batches=0, log_every_n_steps=LOG_EVERY,
-                          callbacks=[counter])
-    with pytest.raises(FloatingPointError, match="training loss is not finite.*Lower the learning rate") as info, \
-            warnings.catch_warnings():
+    trainer = cpu_trainer(
+        tmp_path, max_epochs=1, limit_train_batches=10, limit_val_batches=0, log_every_n_steps=LOG_EVERY, callbacks=[counter]
+    )
+    with pytest.raises(FloatingPointError, match="training loss is not finite.*Lower the learning rate") as info, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(model, datamodule=_shapes(train_size=80))
     if strict:
@@ -203,8 +226,7 @@ def test_a_nan_loss_still_stops_the_run(strict: bool, tmp_path: Path) -> None:
 
 def sync_table(root: Path) -> str:
     """Markdown table of the host syncs per typical training step, per module (``python -m tests.methods.test_sync_free_step``)."""
-    rows = ["| module | library syncs per typical step | sites | all syncs per typical step (Lightning's included) |",
-            "|---|---|---|---|"]
+    rows = ["| module | library syncs per typical step | sites | all syncs per typical step (Lightning's included) |", "|---|---|---|---|"]
     plain = _count(_Plain(), _shapes(train_size=8 * BATCHES), root / "plain")
     steps = plain.steps()
     rows.append(f"| plain LightningModule (one prog_bar metric) | 0 | – | {max(len(v) for v in plain.per_step(steps, None).values())} |")

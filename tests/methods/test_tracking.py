@@ -31,8 +31,7 @@ class _Scripted(BestFinalTracking, L.LightningModule):
         self.script, self._mode = script, mode
         self.layer = torch.nn.Linear(2, 1)
         self.val_summary = {}
-        self.val_metrics = MetricCollection({"val/mae": MeanMetric(nan_strategy="disable"),
-                                             "val/acc": MeanMetric(nan_strategy="disable")})
+        self.val_metrics = MetricCollection({"val/mae": MeanMetric(nan_strategy="disable"), "val/acc": MeanMetric(nan_strategy="disable")})
 
     @property
     def monitor(self) -> str:

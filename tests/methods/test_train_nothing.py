@@ -30,8 +30,12 @@ _trainer = partial(cpu_trainer, max_epochs=1, limit_train_batches=2, limit_val_b
 
 @pytest.mark.parametrize(
     ("setting", "value", "what"),
-    [("max_epochs", 0, "0 epochs"), ("limit_train_batches", 0, "0 batches per epoch"),
-     ("limit_train_batches", 0.0, "0 batches per epoch"), ("max_steps", 0, "0 optimiser steps")],
+    [
+        ("max_epochs", 0, "0 epochs"),
+        ("limit_train_batches", 0, "0 batches per epoch"),
+        ("limit_train_batches", 0.0, "0 batches per epoch"),
+        ("max_steps", 0, "0 optimiser steps"),
+    ],
 )
 def test_a_fit_that_trains_nothing_is_refused(tmp_path: Path, setting: str, value: float, what: str) -> None:
     trainer = _trainer(tmp_path, **{setting: value})
@@ -49,9 +53,25 @@ def test_max_epochs_0_through_the_cli_is_one_error_and_writes_no_margins(
     monkeypatch.setattr(sys, "argv", ["cloc-lightning"])
     code = 0
     try:
-        main(["fit", "--config", str(REPO / "configs" / "cloc" / "demo.yaml"), "--trainer.max_epochs", "0",
-              "--model.backbone", "test_resnet", "--data.image_size", "16", "--data.num_workers", "0",
-              "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+        main(
+            [
+                "fit",
+                "--config",
+                str(REPO / "configs" / "cloc" / "demo.yaml"),
+                "--trainer.max_epochs",
+                "0",
+                "--model.backbone",
+                "test_resnet",
+                "--data.image_size",
+                "16",
+                "--data.num_workers",
+                "0",
+                "--trainer.enable_progress_bar",
+                "false",
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "runs"),
+            ]
+        )
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     out, err = capsys.readouterr()
@@ -89,8 +109,7 @@ def test_init_from_on_a_resumed_fit_says_the_checkpoint_replaces_it(tmp_path: Pa
     from tests._reliability import SMALL, _shapes
 
     def fit(init_from: str | None, ckpt: str | None, root: Path) -> L.Trainer:
-        trainer = cpu_trainer(root, max_epochs=1 if ckpt is None else 2, limit_train_batches=2, limit_val_batches=1,
-                              num_sanity_val_steps=0)
+        trainer = cpu_trainer(root, max_epochs=1 if ckpt is None else 2, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
         trainer.fit(CEModule(num_classes=4, init_from=init_from, **SMALL), datamodule=_shapes(), ckpt_path=ckpt)
         return trainer
 

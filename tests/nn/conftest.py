@@ -24,9 +24,7 @@ def make_clip(kind: str = "clip", seed: int = 0) -> nn.Module:
     if kind == "clip":
         model = open_clip.CLIP(embed_dim=24, vision_cfg=CLIPVisionCfg(**VISION), text_cfg=CLIPTextCfg(**TEXT))
     elif kind == "linear_proj":  # text_projection is an nn.Linear with bias
-        model = open_clip.CLIP(
-            embed_dim=24, vision_cfg=CLIPVisionCfg(**VISION), text_cfg=CLIPTextCfg(**TEXT, proj_bias=True)
-        )
+        model = open_clip.CLIP(embed_dim=24, vision_cfg=CLIPVisionCfg(**VISION), text_cfg=CLIPTextCfg(**TEXT, proj_bias=True))
     elif kind == "custom_text":  # text tower under model.text
         model = open_clip.CustomTextCLIP(embed_dim=24, vision_cfg=CLIPVisionCfg(**VISION), text_cfg=CLIPTextCfg(**TEXT))
     else:

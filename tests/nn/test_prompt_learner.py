@@ -141,8 +141,15 @@ def expected_prompt(pl: RankPromptLearner, table: torch.Tensor, tok, length: int
 def test_prompt_assembly_positions(tiny_clip, tok, position, rank_specific, kind):
     R, B, N, T = 5, 2, 5, 2
     pl = RankPromptLearner(
-        tiny_clip, num_ranks=R, num_base_ranks=B, num_tokens_per_rank=T, num_context_tokens=N,
-        rank_specific_context=rank_specific, interpolation=kind, rank_position=position, tokenizer=tok,
+        tiny_clip,
+        num_ranks=R,
+        num_base_ranks=B,
+        num_tokens_per_rank=T,
+        num_context_tokens=N,
+        rank_specific_context=rank_specific,
+        interpolation=kind,
+        rank_position=position,
+        tokenizer=tok,
     )
     assert pl.context_embeds.shape == ((R, N, 32) if rank_specific else (N, 32))
     assert pl.base_rank_embeds.shape == (B, T, 32)
@@ -175,8 +182,14 @@ def test_features_equal_open_clip_encode_text(tok, kind, position, truncate):
     names = ["young", "adult", "old"]
     context = "the age of the person is"
     pl = RankPromptLearner(
-        model, num_ranks=3, num_base_ranks=3, init_context=context, init_rank_names=names,
-        rank_position=position, tokenizer=tok, truncate_padding=truncate,
+        model,
+        num_ranks=3,
+        num_base_ranks=3,
+        init_context=context,
+        init_rank_names=names,
+        rank_position=position,
+        tokenizer=tok,
+        truncate_padding=truncate,
     )
     with torch.no_grad():
         pl.interpolation_weights.copy_(torch.eye(3))  # rank r = base r exactly
@@ -208,8 +221,13 @@ def test_features_equal_open_clip_encode_text(tok, kind, position, truncate):
 def test_rank_specific_context_matches_encode_text(tiny_clip, tok):
     sentences = ["a photo of", "the age is", "this person is"]
     pl = RankPromptLearner(
-        tiny_clip, num_ranks=3, num_base_ranks=1, num_context_tokens=3, rank_specific_context=True,
-        init_rank_names=["old"], tokenizer=tok,
+        tiny_clip,
+        num_ranks=3,
+        num_base_ranks=1,
+        num_context_tokens=3,
+        rank_specific_context=True,
+        init_rank_names=["old"],
+        tokenizer=tok,
     )
     assert torch.all(pl.interpolation_weights == 1)  # B = 1: every rank is the single base
     table = token_table(tiny_clip)
@@ -225,8 +243,15 @@ def test_rank_specific_context_matches_encode_text(tiny_clip, tok):
 def test_init_names_and_context(tiny_clip, tok):
     table = token_table(tiny_clip)
     names = [f"age {i}" for i in range(10)]  # R names -> B picked at round(linspace(0, 9, 3)) = 0, 4(4.5->4), 9
-    pl = RankPromptLearner(tiny_clip, num_ranks=10, num_base_ranks=3, init_rank_names=names,
-                           init_context="age estimation:", num_context_tokens=7, tokenizer=tok)
+    pl = RankPromptLearner(
+        tiny_clip,
+        num_ranks=10,
+        num_base_ranks=3,
+        init_rank_names=names,
+        init_context="age estimation:",
+        num_context_tokens=7,
+        tokenizer=tok,
+    )
     picked = [names[round(p)] for p in np.linspace(0, 9, 3)]
     T = max(len(tok.encode(n)) for n in picked)
     assert pl.num_tokens_per_rank == T
@@ -238,8 +263,7 @@ def test_init_names_and_context(tiny_clip, tok):
     assert pl.num_context_tokens == len(ctx_ids) != 7
     torch.testing.assert_close(pl.context_embeds.detach(), table[ctx_ids])
     # B names used as they are; B = 1 with R names picks the middle rank
-    pl_b = RankPromptLearner(tiny_clip, num_ranks=10, num_base_ranks=2, init_rank_names=["child", "elder"],
-                             tokenizer=tok)
+    pl_b = RankPromptLearner(tiny_clip, num_ranks=10, num_base_ranks=2, init_rank_names=["child", "elder"], tokenizer=tok)
     want = table[[tok.encode("child")[0], tok.encode("elder")[0]]]
     torch.testing.assert_close(pl_b.base_rank_embeds.detach()[:, 0], want)
     pl_1 = RankPromptLearner(tiny_clip, num_ranks=5, num_base_ranks=1, init_rank_names=list("abcde"), tokenizer=tok)
@@ -248,15 +272,13 @@ def test_init_names_and_context(tiny_clip, tok):
 
 def test_state_dict_can_exclude_text_encoder(tok):
     a = make_clip(seed=3)
-    pl = RankPromptLearner(a, num_ranks=4, num_base_ranks=2, num_context_tokens=3, tokenizer=tok,
-                           save_text_encoder=False)
+    pl = RankPromptLearner(a, num_ranks=4, num_base_ranks=2, num_context_tokens=3, tokenizer=tok, save_text_encoder=False)
     parent = nn.ModuleDict({"prompt": pl, "head": nn.Linear(2, 2)})
     sd = parent.state_dict()
     assert "prompt.context_embeds" in sd and "head.weight" in sd
     assert not [k for k in sd if "text_encoder" in k]
     # a fresh learner on an identical CLIP loads it strictly and gives identical features
-    pl2 = RankPromptLearner(make_clip(seed=3), num_ranks=4, num_base_ranks=2, num_context_tokens=3, tokenizer=tok,
-                            save_text_encoder=False)
+    pl2 = RankPromptLearner(make_clip(seed=3), num_ranks=4, num_base_ranks=2, num_context_tokens=3, tokenizer=tok, save_text_encoder=False)
     parent2 = nn.ModuleDict({"prompt": pl2, "head": nn.Linear(2, 2)})
     parent2.load_state_dict(sd, strict=True)
     torch.testing.assert_close(pl2(), pl(), rtol=0, atol=0)

@@ -24,7 +24,9 @@ def test_prototype_classifier_logits_predictions_and_roundtrip(tiny_clip, tok, t
     pl = RankPromptLearner(tiny_clip, num_ranks=6, num_base_ranks=3, num_context_tokens=4, tokenizer=tok)
     visual = tiny_clip.visual
     clf = PrototypeClassifier.from_prompt_learner(
-        visual, pl, logit_scale=tiny_clip.logit_scale,
+        visual,
+        pl,
+        logit_scale=tiny_clip.logit_scale,
         rank_values=torch.arange(6) + 16.0,
         encoder_builder={"name": "open_clip_visual", "kwargs": {"embed_dim": 24, "vision_cfg": VISION}},
     )

@@ -41,9 +41,20 @@ CONFIGS = sorted(p.relative_to(REPO / "configs").as_posix() for p in (REPO / "co
 MODULES = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "cloc_lightning").rglob("*.py"))
 #: a few training steps of the demo config, enough for validation, both checkpoints and test_after_fit
 SHORT = [
-    "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
-    "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--data.init_args.num_workers", "0",
+    "--trainer.max_epochs",
+    "1",
+    "--trainer.limit_train_batches",
+    "3",
+    "--trainer.limit_val_batches",
+    "2",
+    "--trainer.limit_test_batches",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--data.init_args.num_workers",
+    "0",
 ]
 
 
@@ -73,8 +84,9 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _run(cmd: list[str | Path], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` in its own process group (killed as a whole at ``timeout``); the result, whatever its exit code."""
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(c) for c in cmd], cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

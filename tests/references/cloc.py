@@ -52,7 +52,9 @@ def softplus_reference(t: torch.Tensor) -> torch.Tensor:
     return torch.log1p(torch.exp(t))
 
 
-def cloc_loop_reference(x: torch.Tensor, y: Sequence[int], adjacent: Sequence[torch.Tensor] | torch.Tensor, reduction: str = "official") -> torch.Tensor:
+def cloc_loop_reference(
+    x: torch.Tensor, y: Sequence[int], adjacent: Sequence[torch.Tensor] | torch.Tensor, reduction: str = "official"
+) -> torch.Tensor:
     """The formula above, one (anchor, positive, negative) triple at a time, in float64.
 
     ``x``: [N, D] float64; ``y``: the N labels; ``adjacent``: the C-1 adjacent margins (0-d

@@ -118,9 +118,7 @@ def supcontrast_reference(
     logits = logits_raw - row_max.detach()
 
     pos = pos.repeat(anchor_count, n_views)
-    not_self = torch.scatter(
-        torch.ones_like(pos), 1, torch.arange(bsz * anchor_count, device=device).view(-1, 1), 0
-    )
+    not_self = torch.scatter(torch.ones_like(pos), 1, torch.arange(bsz * anchor_count, device=device).view(-1, 1), 0)
     pos = pos * not_self
 
     exp_logits = torch.exp(logits) * not_self
