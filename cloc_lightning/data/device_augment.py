@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -453,11 +453,11 @@ class DeviceCollate:
     def __call__(self, items: list[dict[str, torch.Tensor]]) -> dict[str, object]:
         from torch.utils.data import default_collate
 
-        batch: dict[str, object] = default_collate(items)
+        batch: dict[str, Any] = default_collate(items)
         batch["params"] = self.augment.draw(
             batch["index"].numpy(),
             batch["epoch"].numpy(),
             batch["native"].numpy(),
-            batch["stored"].numpy(),  # type: ignore[attr-defined]
+            batch["stored"].numpy(),
         )
         return batch

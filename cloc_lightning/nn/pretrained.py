@@ -161,8 +161,8 @@ def register_weight_layout(
         mapping,
         description,
         None if mean is None else tuple(float(v) for v in mean),  # type: ignore[arg-type]
-        None if std is None else tuple(float(v) for v in std),
-    )  # type: ignore[arg-type]
+        None if std is None else tuple(float(v) for v in std),  # type: ignore[arg-type]
+    )
     _LAYOUTS[name] = layout
     return layout
 
