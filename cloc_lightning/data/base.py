@@ -1,11 +1,9 @@
 """The shared LightningDataModule base: loaders, transforms, subsampling, predict sets.
 
-A data module here builds three *labelled base sets* (train/val/test) that return
-raw images (PIL or ``uint8`` tensors) and integer labels (the datasets of
-:mod:`cloc_lightning.data.datasets`); the base class applies
-training-set subsampling (few-shot cap, fraction, per-class down-weighting for
-label-distribution shift), the transforms (single view, or the multi-view hook
-``train_views``) and builds the loaders.
+A data module here builds three *labelled base sets* (train/val/test) that return raw images (PIL or
+``uint8`` tensors) and integer labels (the datasets of :mod:`cloc_lightning.data.datasets`); the base class
+applies training-set subsampling (few-shot cap, fraction, per-class down-weighting for label-distribution
+shift), the transforms (single view, or the multi-view hook ``train_views``) and builds the loaders.
 
 Batches: ``(images [B, 3, H, W], labels [B])`` for single-view sets and
 ``(list of n_views tensors [B, 3, h_v, w_v], labels [B])`` with ``train_views``.

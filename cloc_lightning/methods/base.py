@@ -2,17 +2,14 @@
 
 :class:`BaseModule` owns what all methods share and nothing else:
 
-* the **backbone** (a timm model by name; hook :meth:`BaseModule.build_backbone`, prepared
-  by :meth:`BaseModule.prepare_build`);
-* the **optimiser** and its per-step **schedule** (warm-up + cosine or step decay;
-  hooks :meth:`BaseModule.param_groups` and :meth:`BaseModule.build_optimizer`; built by
-  :mod:`cloc_lightning.methods.optim`);
-* the **checkpoint** of the best validation metric (``monitor`` / ``monitor_mode``) and what
-  a checkpoint records about the module and its encoder (:mod:`cloc_lightning.checkpoints`,
-  which also loads ``init_from`` weights);
-* the **callbacks** every run gets (:meth:`BaseModule.configure_callbacks`): checkpoints,
-  exact resume, the deferred value checks and the NaN/inf guards
-  (:mod:`cloc_lightning.callbacks.finite`).
+* the **backbone** (a timm model by name; hook :meth:`BaseModule.build_backbone`, prepared by
+  :meth:`BaseModule.prepare_build`);
+* the **optimiser** and its per-step **schedule** (warm-up + cosine or step decay; hooks
+  :meth:`BaseModule.param_groups` and :meth:`BaseModule.build_optimizer`; :mod:`cloc_lightning.methods.optim`);
+* the **checkpoint** of the best validation metric (``monitor`` / ``monitor_mode``) and what a checkpoint
+  records about the module and its encoder (:mod:`cloc_lightning.checkpoints`, which also loads ``init_from``);
+* the **callbacks** every run gets (:meth:`BaseModule.configure_callbacks`): checkpoints, exact resume,
+  the deferred value checks and the NaN/inf guards (:mod:`cloc_lightning.callbacks.finite`).
 
 :class:`~cloc_lightning.methods.classifier.ClassifierModule` (:mod:`cloc_lightning.methods.classifier`)
 adds a linear classification head, ordinal or nominal metrics and the validation, test and predict steps
