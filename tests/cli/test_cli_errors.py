@@ -13,35 +13,8 @@ import yaml
 
 from cloc_lightning.cli import main
 from tests._reliability import _tiny_cli_config
+from tests.cli._tiny import DATA, MODEL
 from tests.conftest import TINY_BACKBONE, run_cli
-
-MODEL = ["--model", "CEModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
-DATA = [
-    "--data",
-    "OrdinalShapesDataModule",
-    "--data.num_classes",
-    "4",
-    "--data.train_size",
-    "16",
-    "--data.val_size",
-    "8",
-    "--data.test_size",
-    "8",
-    "--data.batch_size",
-    "8",
-    "--data.num_workers",
-    "0",
-    "--data.image_size",
-    "16",
-    "--trainer.max_epochs",
-    "1",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
-    "--trainer.logger.init_args.save_dir",
-    "runs",
-]
 
 
 def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:

@@ -14,43 +14,11 @@ import pytest
 import yaml
 
 from cloc_lightning.cli import main
+from tests.cli._tiny import DATA, MODEL
 from tests.conftest import TINY_BACKBONE
 
 #: a CE fit of one epoch on 16 px shapes (2 training steps)
-ARGS = [
-    "--model",
-    "CEModule",
-    "--model.num_classes",
-    "4",
-    "--model.backbone",
-    TINY_BACKBONE,
-    "--data",
-    "OrdinalShapesDataModule",
-    "--data.num_classes",
-    "4",
-    "--data.train_size",
-    "16",
-    "--data.val_size",
-    "8",
-    "--data.test_size",
-    "8",
-    "--data.batch_size",
-    "8",
-    "--data.num_workers",
-    "0",
-    "--data.image_size",
-    "16",
-    "--trainer.max_epochs",
-    "1",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
-    "--trainer.logger.init_args.save_dir",
-    "runs",
-    "--trainer.logger.init_args.name",
-    "rec",
-]
+ARGS = [*MODEL, *DATA, "--trainer.logger.init_args.name", "rec"]
 
 
 def _exit_code(args: list[str]) -> int | str | None:
