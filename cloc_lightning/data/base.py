@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -222,9 +221,8 @@ class BaseDataModule(L.LightningDataModule):
                 if train_views is not None
                 else f"augment is {augment!r}; set augment: rrc_flip to use it"
             )
-            warnings.warn(
+            rank_zero_warn(
                 f"data.rrc_scale={list(self.rrc_scale)} has no effect: it is the crop of the single-view augment: rrc_flip, but {why}",
-                stacklevel=2,
             )
         self.train_views = train_views
         self.mean = tuple(mean) if mean is not None else self.default_mean
@@ -415,7 +413,7 @@ class BaseDataModule(L.LightningDataModule):
     @staticmethod
     def _skip(n: int, bad: Sequence[int], what: str) -> list[int]:
         """``bad_files: skip``: warn ``'bad_files: skip: ' + what`` (once, at setup) and return the indices ``0..n-1`` not in ``bad``."""
-        warnings.warn(f"bad_files: skip: {what}", stacklevel=3)
+        rank_zero_warn(f"bad_files: skip: {what}")
         drop = set(bad)
         return [i for i in range(n) if i not in drop]
 

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image
 
 from cloc_lightning.data.datasets import _UNREADABLE, ImageFileDataset, LabelledDataset, TensorImageDataset
@@ -377,9 +377,7 @@ def _decode_into(
     bad = int((~ok).sum())
     if bad:
         names = [base.describe(int(i)) for i in np.nonzero(~ok)[0][:5]]
-        warnings.warn(
-            f"bad_files: skip: {bad} unreadable image(s) in {what} were not cached: {names}{' ...' if bad > 5 else ''}", stacklevel=2
-        )
+        rank_zero_warn(f"bad_files: skip: {bad} unreadable image(s) in {what} were not cached: {names}{' ...' if bad > 5 else ''}")
 
 
 @contextlib.contextmanager

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
@@ -152,11 +153,10 @@ class ImageFolderDataModule(BaseDataModule):
             return ImageFileDataset(ds.files, [int(c) for c in classes if c is not None], "raise")
         if any(c is not None for c in classes):
             other = [str(Path(*parts)) for parts, c in zip(tops, classes, strict=True) if c is None]
-            warnings.warn(
+            rank_zero_warn(
                 f"predict_root {str(root)!r}: {len(other)} of {len(classes)} image(s) are not in a sub-folder named after "
                 f"a class {list(names)[:10]} (e.g. {other[:3]}), so predictions.csv has no target column; move them "
                 "into their class folders to get targets",
-                stacklevel=2,
             )
         return ds
 

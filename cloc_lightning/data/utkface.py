@@ -12,10 +12,11 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
+
+from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
@@ -168,7 +169,7 @@ class UTKFaceDataModule(BaseDataModule):
                 f"e.g. {bad[:5]}. Rename or remove them, or set data.strict_names: false to skip them."
             )
         if bad:
-            warnings.warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}", stacklevel=2)
+            rank_zero_warn(f"skipped {len(bad)} UTKFace file(s) whose names do not parse, e.g. {bad[:3]}")
         files, labels = self._within_age_range(root, files, labels)
         if not files:
             raise DataConfigError(f"no UTKFace images with parseable names in {root!r}")
@@ -193,10 +194,9 @@ class UTKFaceDataModule(BaseDataModule):
                 "rename or remove them, widen data.age_range if those ages are real, or set data.strict_names: false "
                 "to skip them (they would otherwise fall silently into an end class)"
             )
-        warnings.warn(
+        rank_zero_warn(
             f"skipped {len(out)} UTKFace file(s) with ages outside {lo}..{hi} (ages {shown}) in {root!r}, "
             f"e.g. {names[:3]}; widen data.age_range if those ages are real",
-            stacklevel=3,
         )
         keep = set(range(len(files))) - set(out)
         return [f for i, f in enumerate(files) if i in keep], [a for i, a in enumerate(ages) if i in keep]
@@ -236,11 +236,10 @@ class UTKFaceDataModule(BaseDataModule):
             return ImageFileDataset(ds.files, labels, "raise")
         if any(readable):
             bad = [os.path.basename(f) for f, ok in zip(ds.files, readable, strict=True) if not ok]
-            warnings.warn(
+            rank_zero_warn(
                 f"predict_root {self.predict_root!r}: {len(bad)} of {len(ds.files)} image(s) have no UTKFace name with an "
                 f"age in {lo}..{hi} (e.g. {bad[:3]}), so predictions.csv has no target column; rename them "
                 "(<age>_<gender>_<race>_<datetime>.jpg) to get targets",
-                stacklevel=2,
             )
         return ds
 
@@ -275,7 +274,8 @@ class UTKFaceDataModule(BaseDataModule):
         if self.test_root is not None:
             overlap = shared_with_training(split_ages["train"][0], split_ages["test"][0])
             if overlap:
-                warnings.warn(overlap_message(overlap, len(split_ages["test"][0]), self.test_root, self.root), stacklevel=2)
+                # once per job, not once per process (every rank sets up the same data)
+                rank_zero_warn(overlap_message(overlap, len(split_ages["test"][0]), self.test_root, self.root))
         self._warn_clipped(split_ages)
         return {
             name: ImageFileDataset(split_ages[name][0], [self.age_to_label(a) for a in split_ages[name][1]], self.bad_files)
@@ -305,9 +305,8 @@ class UTKFaceDataModule(BaseDataModule):
             if counts:
                 parts.append(f"{name}: {', '.join(counts)} of {len(ages)}")
         if parts:
-            warnings.warn(
+            rank_zero_warn(
                 f"UTKFace label_mode 'age' clips ages outside [{self.min_age}, {self.max_age}] into the end classes "
                 f"('{self.min_age}' and '{self.max_age}'): {'; '.join(parts)}. Set data.min_age / data.max_age to "
                 "cover them, or use label_mode: bins (open-ended last group) if that is not intended",
-                stacklevel=2,
             )

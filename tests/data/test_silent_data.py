@@ -191,6 +191,26 @@ def test_utkface_ages_outside_1_to_116_are_refused_or_skipped_with_a_count(tmp_p
     assert len(dm.test_set) == 8
 
 
+def test_setup_warnings_are_given_once_per_job_by_rank_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every DDP process sets up the same data; the data modules' setup warnings come from rank 0 only (once per job)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    for i, age in enumerate([0, 5, 30, 250]):
+        _png(tmp_path / f"{age}_0_1_2017010{i}.jpg.chip.jpg", seed=i)
+    kw = dict(strict_names=False, batch_size=1, num_workers=0, drop_last=False, split_fractions=(1, 0, 0), test_root=str(tmp_path))
+    seen = {}
+    for rank in (0, 1):
+        monkeypatch.setattr(rank_zero_only, "rank", rank)
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            UTKFaceDataModule(str(tmp_path), **kw).setup("test")
+        seen[rank] = [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
+    # rank 0: the skipped ages (data.root and test_root, the same folder here) and the test/train overlap
+    assert any("skipped 2 UTKFace file(s) with ages outside" in m for m in seen[0]), seen[0]
+    assert any("their metrics are no held-out result" in m for m in seen[0]), seen[0]
+    assert not [m for m in seen[1] if "UTKFace" in m or "held-out" in m], seen[1]
+
+
 # ------------------------------------------------------------------------------ bad numbers (item 8)
 @pytest.mark.parametrize(
     ("kwargs", "match"),
