@@ -160,10 +160,13 @@ class CLOCLightningCLI(LightningCLI):
         owner = cls.__name__ if cls is not None else "the model"
         info = DataInfo(data, owner=owner)
         if self._num_classes_from_checkpoint:
+            hint = getattr(data, "checkpoint_classes_hint", None)  # optional: what this data module adds to the fix
+            extra = str(hint()) if callable(hint) else ""
             info.check_num_classes(
                 given,
                 subject=f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given},",
-                fix="evaluate or resume it on data with {given} classes (the config it was trained with is config.yaml in its run folder)",
+                fix="evaluate or resume it on data with {given} classes (the config it was trained with is config.yaml in its run folder)"
+                + extra.replace("{", "{{").replace("}", "}}"),
             )
         info.check_num_classes(
             given,

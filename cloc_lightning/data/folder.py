@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
 from cloc_lightning.data.errors import DataConfigError, check_val_fraction, config_errors
+from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import (
     CSVRows,
     class_order,
@@ -54,8 +55,19 @@ class ImageFolderDataModule(BaseDataModule):
       of ``train`` is held out by a hash of the file name.
     * ``root/<class>/...``: one pool split into train/val/test by ``split_fractions``.
 
+    A labelled folder of one's own (a held-out set, a second site) is evaluated with
+    ``test_root``: ``<test_root>/<class>/...`` with sub-folders named after training classes.
+    A second site may lack some classes; its images keep the training classes' indices
+    (matched by name, never by position).  With ``root`` too, the test split is
+    ``test_root`` (``root``'s own ``test`` folder, or the pool's test share, is not used: the
+    pool is split into train/val by the first two ``split_fractions``), and ``test_root`` is
+    compared with the training split (a warning counts shared files, by name or content).
+    Without ``root`` only ``test`` (and ``predict``) can run; the classes are ``class_order``
+    or else ``test_root``'s folders, and the checkpoint's classes are checked against them
+    when it is loaded (a folder lacking a class then asks for ``class_order``).
+
     Args:
-        root: the folder.
+        root: the folder (``None``: test / predict alone on ``test_root`` / ``predict_root``).
         task: ``'nominal'`` (top-1/top-5 metrics) or ``'ordinal'`` (MAE, QWK, ...).
         class_order: class folder names in label order (e.g. ``['young', 'adult', 'old']``).
             Default: sorted folder names for nominal data; for ordinal data folder names
@@ -66,6 +78,7 @@ class ImageFolderDataModule(BaseDataModule):
         train_dir: name of the training split's folder under ``root``.
         val_dir: name of the validation split's folder (absent: ``val_fraction`` of train).
         test_dir: name of the test split's folder.
+        test_root: evaluate on this folder of class sub-folders instead of the test split (see above).
         **kwargs: :class:`BaseDataModule` arguments.
 
     Example: the CIFAR-10 JPEG copy in ``../shared/data/cifar10`` (``train/``, ``test/``).
@@ -76,7 +89,7 @@ class ImageFolderDataModule(BaseDataModule):
 
     def __init__(
         self,
-        root: str,
+        root: str | None = None,
         task: Task = "nominal",
         class_order: list[str] | None = None,
         val_fraction: float = 0.1,
@@ -84,6 +97,7 @@ class ImageFolderDataModule(BaseDataModule):
         train_dir: str = "train",
         val_dir: str = "val",
         test_dir: str = "test",
+        test_root: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -91,11 +105,29 @@ class ImageFolderDataModule(BaseDataModule):
             self.task = check_choice("task", task, Task)
         self.val_fraction = check_val_fraction(val_fraction)
         self.root = root
+        self.test_root = test_root
         self.class_order = class_order
         self.split_fractions = tuple(split_fractions)
         self.dirs = {"train": train_dir, "val": val_dir, "test": test_dir}
 
+    def setup(self, stage: str | None = None) -> None:
+        """As :meth:`BaseDataModule.setup`; without ``root`` only ``test`` (and ``predict``) can run, on ``test_root``."""
+        if self.root is None and not (stage == "predict" and self.predict_root is not None and self.class_order is not None):
+            if self.test_root is None:
+                raise DataConfigError(
+                    "ImageFolderDataModule: data.root is not set; set it to <root>/<train|test>/<class>/*.jpg or "
+                    "<root>/<class>/*.jpg, or data.test_root (test) to evaluate a folder of your own"
+                )
+            if stage not in ("test", "predict"):
+                raise DataConfigError(
+                    f"ImageFolderDataModule: data.root is not set, so there is no training or validation data for "
+                    f"{stage or 'fit'}; set data.root (data.test_root {self.test_root!r} alone serves test and predict)"
+                )
+        super().setup(stage)
+
     def _root(self) -> Path:
+        if self.root is None:
+            raise DataConfigError("ImageFolderDataModule: data.root is not set; set it, or give data.class_order to evaluate without it")
         path = Path(os.path.expanduser(self.root))
         if not path.is_dir():
             raise DataConfigError(
@@ -104,18 +136,33 @@ class ImageFolderDataModule(BaseDataModule):
             )
         return path
 
-    def class_source(self) -> str:
+    def _test_root(self) -> Path:
+        assert self.test_root is not None
+        path = Path(os.path.expanduser(self.test_root))
+        if not path.is_dir():
+            raise DataConfigError(
+                f"test_root {str(path)!r} does not exist or is not a directory; point data.test_root at <folder>/<class>/*.jpg"
+            )
+        return path
+
+    def _class_base(self) -> Path:
+        """The folder whose sub-folders are the classes: the training split's, or ``test_root`` without ``root``."""
+        if self.root is None and self.test_root is not None:
+            return self._test_root()
         path = self._root()
-        base = path / self.dirs["train"] if self._split_layout() else path
-        return f" in {str(base)!r} (one sub-folder per class: <root>/<train|test>/<class>/*.jpg or <root>/<class>/*.jpg)"
+        return path / self.dirs["train"] if self._split_layout() else path
+
+    def class_source(self) -> str:
+        return f" in {str(self._class_base())!r} (one sub-folder per class: <root>/<train|test>/<class>/*.jpg or <root>/<class>/*.jpg)"
 
     def _split_layout(self) -> bool:
         path = self._root()
         return (path / self.dirs["train"]).is_dir()
 
     def discover_class_names(self) -> list[str]:
-        path = self._root()
-        base = path / self.dirs["train"] if self._split_layout() else path
+        if self.root is None and self.class_order is not None:
+            return list(self.class_order)  # test / predict alone: the training classes as configured
+        base = self._class_base()
         found = _class_dirs(base)
         if not found:
             raise DataConfigError(f"no class folders in {str(base)!r}; expected <class>/*.jpg sub-folders")
@@ -128,6 +175,21 @@ class ImageFolderDataModule(BaseDataModule):
                 f"class_order does not match the folders in {str(base)!r}: missing folders {missing}, folders not in class_order {extra}"
             )
         return list(self.class_order)
+
+    def checkpoint_classes_hint(self) -> str:
+        """The fix added to a class mismatch with a checkpoint: a second site alone lacks classes of its own accord."""
+        if self.root is None and self.class_order is None and self.test_root is not None:
+            return (
+                f"; test_root {self.test_root!r} alone gives its own folders as the classes: give data.class_order "
+                "(the training classes in label order) or data.root (the training folder) so a site lacking classes keeps their indices"
+            )
+        return ""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        try:
+            super().load_state_dict(state_dict)
+        except DataConfigError as err:
+            raise DataConfigError(f"{err}{self.checkpoint_classes_hint()}") from None
 
     def labels_are_indices(self) -> bool:
         """``False``: the class folders' names are the labels (a predict CSV's ``2`` names the folder ``2``)."""
@@ -160,18 +222,60 @@ class ImageFolderDataModule(BaseDataModule):
             )
         return ds
 
+    def _scan_test_root(self, class_names: Sequence[str]) -> tuple[list[str], list[int]]:
+        """``test_root``'s images with the indices of ``class_names``; sub-folders that are no class and loose images are refused."""
+        path = self._test_root()
+        unknown = [d for d in _class_dirs(path) if d not in class_names]
+        if unknown:
+            raise DataConfigError(
+                f"test_root {str(path)!r} has sub-folders that are not training classes: {unknown[:10]} "
+                f"(the classes: {list(class_names)[:10]}); rename or remove them (a class is matched by its folder name)"
+            )
+        loose = sorted(p.name for p in path.iterdir() if p.is_file() and p.name.lower().endswith(IMAGE_EXTENSIONS))
+        if loose:
+            raise DataConfigError(
+                f"test_root {str(path)!r} has {len(loose)} image(s) outside the class sub-folders (e.g. {loose[:3]}), "
+                "which have no label; move them into <test_root>/<class>/, or use data.predict_root for unlabelled images"
+            )
+        files, labels = _scan(path, class_names)
+        if not files:
+            raise DataConfigError(f"no images in the class sub-folders of test_root {str(path)!r} ({list(class_names)[:10]})")
+        return files, labels
+
     def build_base_sets(self) -> dict[str, LabelledDataset]:
         self.class_names = self.discover_class_names()
-        path = self._root()
+        if self.root is None:  # test alone on test_root (setup refuses every other stage)
+            test = self._scan_test_root(self.class_names)
+            return {
+                "train": ImageFileDataset([], [], self.bad_files),
+                "val": ImageFileDataset([], [], self.bad_files),
+                "test": ImageFileDataset(*test, self.bad_files),
+            }
+        sets = self._root_sets(self._root())
+        if self.test_root is not None:
+            sets["test"] = self._scan_test_root(self.class_names)
+            overlap = shared_with_training(sets["train"][0], sets["test"][0])
+            if overlap:
+                # once per job, not once per process (every rank sets up the same data)
+                rank_zero_warn(overlap_message(overlap, len(sets["test"][0]), self.test_root, str(self.root)))
+        return {k: ImageFileDataset(f, y, self.bad_files) for k, (f, y) in sets.items()}
+
+    def _root_sets(self, path: Path) -> dict[str, tuple[list[str], list[int]]]:
+        """``{split: (files, labels)}`` of ``root`` (without ``test`` when ``test_root`` replaces it)."""
+        assert self.class_names is not None
         sets: dict[str, tuple[list[str], list[int]]] = {}
         if self._split_layout():
             train = _scan(path / self.dirs["train"], self.class_names)
             if not train[0]:
                 raise DataConfigError(f"no images in {str(path / self.dirs['train'])!r}")
             test_dir = path / self.dirs["test"]
-            if not test_dir.is_dir():
-                raise DataConfigError(f"{str(path)!r} has a {self.dirs['train']!r} folder but no {self.dirs['test']!r} folder")
-            sets["test"] = _scan(test_dir, self.class_names)
+            if self.test_root is None:
+                if not test_dir.is_dir():
+                    raise DataConfigError(
+                        f"{str(path)!r} has a {self.dirs['train']!r} folder but no {self.dirs['test']!r} folder; "
+                        "add it, or give data.test_root"
+                    )
+                sets["test"] = _scan(test_dir, self.class_names)
             if (path / self.dirs["val"]).is_dir():
                 sets["train"], sets["val"] = train, _scan(path / self.dirs["val"], self.class_names)
             else:
@@ -187,13 +291,15 @@ class ImageFolderDataModule(BaseDataModule):
             files, labels = _scan(path, self.class_names)
             if not files:
                 raise DataConfigError(f"no images under {str(path)!r}")
-            split = hash_split([os.path.relpath(f, path) for f in files], self.split_fractions)
-            for i, name in enumerate(("train", "val", "test")):
+            # with test_root the pool is train + val only, by the first two fractions
+            fractions = self.split_fractions if self.test_root is None else self.split_fractions[:2]
+            split = hash_split([os.path.relpath(f, path) for f in files], fractions)
+            for i, name in enumerate(("train", "val", "test")[: len(fractions)]):
                 sets[name] = (
                     [f for f, s in zip(files, split, strict=True) if s == i],
                     [y for y, s in zip(labels, split, strict=True) if s == i],
                 )
-        return {k: ImageFileDataset(f, y, self.bad_files) for k, (f, y) in sets.items()}
+        return sets
 
 
 class CSVDataModule(BaseDataModule):
