@@ -19,39 +19,17 @@ import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from cloc_lightning.data import ImageFolderDataModule, UTKFaceDataModule
-from tests.conftest import TINY_BACKBONE, cli_in_process
+from tests.cli._tiny import CE_MODEL, CSV_LOGGER, QUIET, png
+from tests.conftest import cli_in_process
 
 AGES = [2, 5, 10, 20, 30, 40, 50, 70]
-COMMON = [
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
-    "--trainer.accelerator",
-    "cpu",
-    "--data.num_workers",
-    "0",
-    "--data.image_size",
-    "16",
-]
-CSV_LOGGER = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.init_args.save_dir", "runs"]
-MODEL = ["--model", "CEModule", "--model.backbone", TINY_BACKBONE]
-
-
-def _png(path: Path, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pixels = np.random.default_rng(seed).integers(0, 255, (12, 12, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(path)
-    return path
 
 
 def _utk(folder: Path, ages: list[int], seed: int) -> list[Path]:
-    return [_png(folder / f"{age}_0_1_2017{seed + i:09d}.jpg.chip.jpg", seed + i) for i, age in enumerate(ages)]
+    return [png(folder / f"{age}_0_1_2017{seed + i:09d}.jpg.chip.jpg", seed + i) for i, age in enumerate(ages)]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +44,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, module_console_argv: None)
         code, _out, err = capsys.run(
             [
                 "fit",
-                *MODEL,
+                *CE_MODEL,
                 "--data",
                 "UTKFaceDataModule",
                 "--data.root",
@@ -75,7 +53,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, module_console_argv: None)
                 "4",
                 "--trainer.max_epochs",
                 "1",
-                *COMMON,
+                *QUIET,
                 *CSV_LOGGER,
             ]
         )
@@ -116,14 +94,14 @@ def test_test_on_a_folder_alone_needs_no_training_root(
     code, out, err = cli_in_process(
         [
             "test",
-            *MODEL,
+            *CE_MODEL,
             "--data",
             "UTKFaceDataModule",
             "--data.test_root",
             str(trained["held"]),
             "--ckpt_path",
             str(trained["ckpt"]),
-            *COMMON,
+            *QUIET,
             *CSV_LOGGER,
         ],
         capsys,
@@ -144,7 +122,7 @@ def test_a_test_folder_under_other_bins_is_checked_against_the_checkpoint(
     code, out, err = cli_in_process(
         [
             "test",
-            *MODEL,
+            *CE_MODEL,
             "--data",
             "UTKFaceDataModule",
             "--data.test_root",
@@ -153,7 +131,7 @@ def test_a_test_folder_under_other_bins_is_checked_against_the_checkpoint(
             "[0, 5, 10, 20, 30, 40, 50, 65]",
             "--ckpt_path",
             str(trained["ckpt"]),
-            *COMMON,
+            *QUIET,
             *CSV_LOGGER,
         ],
         capsys,
@@ -171,14 +149,14 @@ def test_fit_and_validate_without_a_root_name_it(
     code, out, err = cli_in_process(
         [
             "fit",
-            *MODEL,
+            *CE_MODEL,
             "--data",
             "UTKFaceDataModule",
             "--data.test_root",
             str(tmp_path / "held"),
             "--trainer.max_epochs",
             "1",
-            *COMMON,
+            *QUIET,
             *CSV_LOGGER,
         ],
         capsys,
@@ -199,13 +177,13 @@ def test_a_test_folder_sharing_files_with_the_training_split_is_counted(
     _utk(dup, [15, 25, 35, 45], 5000)  # new faces
     for i, src in enumerate(train[:3]):  # the same bytes, another name (and age)
         shutil.copy(src, dup / f"{90 + i}_1_0_2018{i:09d}.jpg.chip.jpg")
-    _png(dup / Path(train[3]).name, 7777)  # a training file's name, other bytes
+    png(dup / Path(train[3]).name, 7777)  # a training file's name, other bytes
     monkeypatch.chdir(trained["work"])
     with pytest.warns(UserWarning) as rec:  # in-process: pytest records the warnings (on the console: stderr)
         code, out, err = cli_in_process(
             [
                 "test",
-                *MODEL,
+                *CE_MODEL,
                 "--data",
                 "UTKFaceDataModule",
                 "--data.root",
@@ -214,7 +192,7 @@ def test_a_test_folder_sharing_files_with_the_training_split_is_counted(
                 str(dup),
                 "--ckpt_path",
                 str(trained["ckpt"]),
-                *COMMON,
+                *QUIET,
                 *CSV_LOGGER,
             ],
             capsys,
@@ -236,14 +214,14 @@ def test_predict_on_a_utkface_folder_writes_the_targets(
     code, out, err = cli_in_process(
         [
             "predict",
-            *MODEL,
+            *CE_MODEL,
             "--data",
             "UTKFaceDataModule",
             "--data.predict_root",
             str(trained["held"]),
             "--ckpt_path",
             str(trained["ckpt"]),
-            *COMMON,
+            *QUIET,
             *CSV_LOGGER,
         ],
         capsys,
@@ -264,18 +242,18 @@ def test_predict_on_class_folders_reads_the_targets(tmp_path: Path) -> None:
     for split in ("train", "test"):
         for c in ("cat", "dog"):
             for i in range(2):
-                _png(tmp_path / "data" / split / c / f"{i}.png", i)
+                png(tmp_path / "data" / split / c / f"{i}.png", i)
     for c, n in (("dog", 2), ("cat", 1)):
         for i in range(n):
-            _png(tmp_path / "new" / c / f"x{i}.png", 50 + i)
+            png(tmp_path / "new" / c / f"x{i}.png", 50 + i)
     dm = ImageFolderDataModule(str(tmp_path / "data"), predict_root=str(tmp_path / "new"), num_workers=0)
     dm.setup("predict")
     assert dm.predict_set is not None
     base = dm.predict_set.base
     assert [Path(f).parent.name for f in base.files] == ["cat", "dog", "dog"]
     assert base.labelled and list(base.targets) == [0, 1, 1]
-    _png(tmp_path / "loose" / "a.png", 1)
-    _png(tmp_path / "loose" / "sub" / "b.png", 2)
+    png(tmp_path / "loose" / "a.png", 1)
+    png(tmp_path / "loose" / "sub" / "b.png", 2)
     dm = ImageFolderDataModule(str(tmp_path / "data"), predict_root=str(tmp_path / "loose"), num_workers=0)
     dm.setup("predict")
     assert dm.predict_set is not None and not dm.predict_set.base.labelled

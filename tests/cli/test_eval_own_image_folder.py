@@ -13,45 +13,22 @@ import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from cloc_lightning.data import ImageFolderDataModule
 from cloc_lightning.data.errors import DataConfigError
-from tests.conftest import TINY_BACKBONE, cli_in_process
+from tests.cli._tiny import CE_MODEL, CSV_LOGGER, QUIET, png
+from tests.conftest import cli_in_process
 
 CLASSES = ["a", "b", "c"]
-COMMON = [
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
-    "--trainer.accelerator",
-    "cpu",
-    "--data.num_workers",
-    "0",
-    "--data.image_size",
-    "16",
-    "--trainer.logger",
-    "lightning.pytorch.loggers.CSVLogger",
-    "--trainer.logger.init_args.save_dir",
-    "runs",
-]
-MODEL = ["--model", "CEModule", "--model.backbone", TINY_BACKBONE]
+COMMON = [*QUIET, *CSV_LOGGER]
 FIT = ["--trainer.max_epochs", "1", *COMMON]
-
-
-def _png(path: Path, seed: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(path)
-    return path
 
 
 def _tree(root: Path, per_class: dict[str, int], seed: int) -> None:
     for k, (c, n) in enumerate(per_class.items()):
         for i in range(n):
-            _png(root / c / f"{c}{seed + i}.png", seed + 100 * k + i)
+            png(root / c / f"{c}{seed + i}.png", seed + 100 * k + i)
 
 
 def _dm(root: Path | None, test_root: Path, **kw: object) -> ImageFolderDataModule:
@@ -97,8 +74,8 @@ def test_a_test_folder_sharing_training_files_is_counted(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda p: _png(p / "site2" / "d" / "x.png", 1), r"sub-folders that are not training classes: \['d'\]"),
-        (lambda p: _png(p / "site2" / "loose.png", 1), r"1 image\(s\) outside the class sub-folders \(e\.g\. \['loose\.png'\]\)"),
+        (lambda p: png(p / "site2" / "d" / "x.png", 1), r"sub-folders that are not training classes: \['d'\]"),
+        (lambda p: png(p / "site2" / "loose.png", 1), r"1 image\(s\) outside the class sub-folders \(e\.g\. \['loose\.png'\]\)"),
         (lambda p: shutil.rmtree(p / "site2"), r"test_root .* does not exist"),
     ],
 )
@@ -137,7 +114,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, module_console_argv: None)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         try:
-            main(["fit", *MODEL, "--data", "ImageFolderDataModule", "--data.root", str(work / "data"), "--data.batch_size", "4", *FIT])
+            main(["fit", *CE_MODEL, "--data", "ImageFolderDataModule", "--data.root", str(work / "data"), "--data.batch_size", "4", *FIT])
         except SystemExit as e:
             assert not e.code, e.code
     ckpt = sorted((work / "runs").rglob("last.ckpt"))[-1]
@@ -145,7 +122,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, module_console_argv: None)
 
 
 def _test(trained: dict[str, Path], extra: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    args = ["test", *MODEL, "--data", "ImageFolderDataModule", "--data.test_root", str(trained["work"] / "site2")]
+    args = ["test", *CE_MODEL, "--data", "ImageFolderDataModule", "--data.test_root", str(trained["work"] / "site2")]
     return cli_in_process([*args, *extra, "--ckpt_path", str(trained["ckpt"]), *COMMON], capsys)
 
 
