@@ -41,3 +41,23 @@ def check_val_fraction(value: Any) -> float:
         return check_float(
             "val_fraction", value, minimum=0.0, maximum=1.0, strict_maximum=True, expect="in [0, 1)", hint="0 = validate on the test set"
         )
+
+
+def check_root_for_stage(
+    owner: str, stage: str | None, test_root: str | None, layout: str, predict_alone: bool, without_root: str = "data.test_root (test)"
+) -> None:
+    """Refuse a stage that needs ``data.root`` when it is not set (``owner``'s ``root`` is ``None``).
+
+    Without ``root`` a data module serves ``test`` on ``test_root`` and ``predict`` (on
+    ``test_root``, or on ``predict_root`` alone when ``predict_alone``); ``fit`` and ``validate``
+    have no data.  ``layout`` describes what ``root`` should hold, ``without_root`` the settings that evaluate without it.
+    """
+    if stage == "predict" and predict_alone:
+        return
+    if test_root is None:
+        raise DataConfigError(f"{owner}: data.root is not set; set it to {layout}, or {without_root} to evaluate a folder of your own")
+    if stage not in ("test", "predict"):
+        raise DataConfigError(
+            f"{owner}: data.root is not set, so there is no training or validation data for "
+            f"{stage or 'fit'}; set data.root (data.test_root {test_root!r} alone serves test and predict)"
+        )

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
-from cloc_lightning.data.errors import DataConfigError, check_val_fraction, config_errors
+from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, check_val_fraction, config_errors
 from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import (
     CSVRows,
@@ -112,17 +112,11 @@ class ImageFolderDataModule(BaseDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """As :meth:`BaseDataModule.setup`; without ``root`` only ``test`` (and ``predict``) can run, on ``test_root``."""
-        if self.root is None and not (stage == "predict" and self.predict_root is not None and self.class_order is not None):
-            if self.test_root is None:
-                raise DataConfigError(
-                    "ImageFolderDataModule: data.root is not set; set it to <root>/<train|test>/<class>/*.jpg or "
-                    "<root>/<class>/*.jpg, or data.test_root (test) to evaluate a folder of your own"
-                )
-            if stage not in ("test", "predict"):
-                raise DataConfigError(
-                    f"ImageFolderDataModule: data.root is not set, so there is no training or validation data for "
-                    f"{stage or 'fit'}; set data.root (data.test_root {self.test_root!r} alone serves test and predict)"
-                )
+        if self.root is None:
+            layout = "<root>/<train|test>/<class>/*.jpg or <root>/<class>/*.jpg"
+            alone = self.predict_root is not None and self.class_order is not None  # predict_root's targets need the classes
+            without = "data.test_root (test) / data.predict_root with data.class_order (predict)"
+            check_root_for_stage(type(self).__name__, stage, self.test_root, layout, predict_alone=alone, without_root=without)
         super().setup(stage)
 
     def _root(self) -> Path:

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
-from cloc_lightning.data.errors import DataConfigError, config_errors
+from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, config_errors
 from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import hash_split
 from cloc_lightning.validation import check_choice, check_int
@@ -203,18 +203,11 @@ class UTKFaceDataModule(BaseDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """As :meth:`BaseDataModule.setup`; without ``root`` only ``test`` (and ``predict``) can run, on ``test_root``."""
-        if self.root is None and not (stage == "predict" and self.predict_root is not None):
-            if self.test_root is None:
-                raise DataConfigError(
-                    "UTKFaceDataModule: data.root is not set; set it to a folder of UTKFace images "
-                    "(<age>_<gender>_<race>_<datetime>.jpg.chip.jpg), or data.test_root (test) / data.predict_root "
-                    "(predict) to evaluate a folder of your own"
-                )
-            if stage not in ("test", "predict"):
-                raise DataConfigError(
-                    f"UTKFaceDataModule: data.root is not set, so there is no training or validation data for "
-                    f"{stage or 'fit'}; set data.root (data.test_root {self.test_root!r} alone serves test and predict)"
-                )
+        if self.root is None:
+            layout = "a folder of UTKFace images (<age>_<gender>_<race>_<datetime>.jpg.chip.jpg)"
+            without = "data.test_root (test) / data.predict_root (predict)"
+            alone = self.predict_root is not None
+            check_root_for_stage(type(self).__name__, stage, self.test_root, layout, predict_alone=alone, without_root=without)
         super().setup(stage)
 
     def build_predict_set(self) -> LabelledDataset:
