@@ -1023,6 +1023,77 @@ CASES.update(
 )
 
 
+# --------------------------------------------------------------------------------------------- a second site as class folders
+# ImageFolderDataModule(test_root=...) (2026-11-29): a site may lack classes (indices by folder name); a folder that is no
+# class is refused; without data.root the site's own folders are the classes unless data.class_order is given.
+_FOLDER_RUN: dict[str, Path] = {}
+
+
+def _folder_trained(a: Audit) -> dict[str, Path]:
+    if not _FOLDER_RUN or not _FOLDER_RUN["ckpt"].is_file():
+        root = a.work / "abc"
+        for split, n in (("train", 8), ("test", 2)):
+            for k, c in enumerate("abc"):
+                for i in range(n):
+                    _jpeg(root / split / c / f"{split}{i}.jpg", 100 * k + i + (50 if split == "test" else 0))
+        data = {
+            "class_path": "cloc_lightning.data.ImageFolderDataModule",
+            "init_args": {"root": str(root), "batch_size": 4, "num_workers": 0, "image_size": 24},
+        }
+        _FOLDER_RUN.update(root=root, ckpt=a.trained("abc", model={"num_classes": 3}, data=data))
+    return _FOLDER_RUN
+
+
+def _site(a: Audit, name: str, classes: dict[str, int]) -> Path:
+    for k, (c, n) in enumerate(classes.items()):
+        for i in range(n):
+            _jpeg(a.work / name / c / f"s{i}.jpg", 900 + 10 * k + i)
+    return a.work / name
+
+
+def _folder_test(a: Audit, name: str, **data_args: Any) -> Outcome:
+    data = {
+        "class_path": "cloc_lightning.data.ImageFolderDataModule",
+        "init_args": {"batch_size": 4, "num_workers": 0, "image_size": 24, **data_args},
+    }
+    csv_logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(a.work / "runs"), "name": name}}
+    cfg = _cfg(a.work, name, model={"num_classes": 3}, data=data, trainer={"logger": csv_logger, "limit_test_batches": 1.0})
+    return a.cli("test", "--config", str(cfg), "--ckpt_path", str(_folder_trained(a)["ckpt"]))
+
+
+def case_folder_site_lacking_a_class(a: Audit) -> dict[str, Any]:
+    run = _folder_trained(a)
+    o = _folder_test(a, "site_ac", root=str(run["root"]), test_root=str(_site(a, "site_ac", {"a": 3, "c": 2})))
+    scored = _table(o.stdout).get("test/images")
+    good = o.rc == 0 and scored is not None and float(scored) == 5
+    return {**_fmt(o, f"scored {scored} images" if o.rc == 0 else "refused"), "verdict": _verdict(o, good)}
+
+
+def case_folder_site_with_an_unknown_class(a: Audit) -> dict[str, Any]:
+    run = _folder_trained(a)
+    o = _folder_test(a, "site_ad", root=str(run["root"]), test_root=str(_site(a, "site_ad", {"a": 2, "d": 2})))
+    good = _refused_in_one_line(o, "not training classes", "'d'")
+    return {**_fmt(o, "refused naming the folder" if good else "scored or unclear"), "verdict": _verdict(o, good)}
+
+
+def case_folder_site_alone_lacking_a_class(a: Audit) -> dict[str, Any]:
+    o = _folder_test(a, "site_alone", test_root=str(_site(a, "site_alone", {"a": 3, "c": 2})))
+    good = _refused_in_one_line(o, "data.class_order")
+    return {
+        **_fmt(o, "refused naming data.class_order" if good else "scored under shifted labels or unclear"),
+        "verdict": _verdict(o, good),
+    }
+
+
+CASES.update(
+    {
+        "test: class folders, second site lacking a class": case_folder_site_lacking_a_class,
+        "test: class folders, second site with a folder that is no class": case_folder_site_with_an_unknown_class,
+        "test: class folders, second site alone (no root, no class_order) lacking a class": case_folder_site_alone_lacking_a_class,
+    }
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose cloc_lightning is run (default: this one)")

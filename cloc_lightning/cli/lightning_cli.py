@@ -159,21 +159,21 @@ class CLOCLightningCLI(LightningCLI):
             return None
         owner = cls.__name__ if cls is not None else "the model"
         info = DataInfo(data, owner=owner)
+        # optional: a data module that knows why its classes may differ says what to do (ImageFolderDataModule.class_mismatch_hint)
+        hint = getattr(data, "class_mismatch_hint", None)
+        extra = (str(hint()) if callable(hint) else "").replace("{", "{{").replace("}", "}}")
         if self._num_classes_from_checkpoint:
-            hint = getattr(data, "checkpoint_classes_hint", None)  # optional: what this data module adds to the fix
-            extra = str(hint()) if callable(hint) else ""
             info.check_num_classes(
                 given,
                 subject=f"--ckpt_path {cfg.get('ckpt_path')}: the checkpoint was trained with num_classes={given},",
                 fix="evaluate or resume it on data with {given} classes (the config it was trained with is config.yaml in its run folder)"
-                + extra.replace("{", "{{").replace("}", "}}"),
+                + extra,
             )
-        info.check_num_classes(
-            given,
-            fix=f"{owner} takes num_classes from the data module: leave model.init_args.num_classes "
-            "(--model.num_classes) out of the config and the command line, or configure the data module with "
-            "{given} classes",
+        generic = (
+            f"{owner} takes num_classes from the data module: leave model.init_args.num_classes "
+            "(--model.num_classes) out of the config and the command line, or configure the data module with {given} classes"
         )
+        info.check_num_classes(given, fix=extra.removeprefix("; ") or generic)
         return info.num_classes
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:

@@ -170,8 +170,8 @@ class ImageFolderDataModule(BaseDataModule):
             )
         return list(self.class_order)
 
-    def checkpoint_classes_hint(self) -> str:
-        """The fix added to a class mismatch with a checkpoint: a second site alone lacks classes of its own accord."""
+    def class_mismatch_hint(self) -> str:
+        """Added to the fix of a class mismatch with the model or checkpoint: a second site alone may lack classes."""
         if self.root is None and self.class_order is None and self.test_root is not None:
             return (
                 f"; test_root {self.test_root!r} alone gives its own folders as the classes: give data.class_order "
@@ -183,7 +183,7 @@ class ImageFolderDataModule(BaseDataModule):
         try:
             super().load_state_dict(state_dict)
         except DataConfigError as err:
-            raise DataConfigError(f"{err}{self.checkpoint_classes_hint()}") from None
+            raise DataConfigError(f"{err}{self.class_mismatch_hint()}") from None
 
     def labels_are_indices(self) -> bool:
         """``False``: the class folders' names are the labels (a predict CSV's ``2`` names the folder ``2``)."""

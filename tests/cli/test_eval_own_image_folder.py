@@ -143,7 +143,9 @@ def test_cli_test_on_a_second_site_alone_needs_the_class_order(
     assert code == 0, err[-3000:]
     assert re.search(r"test/images\s+\W*\s*5(\.0)?\b", out), out[-3000:]
     # the folder's own classes (a, c) are not the checkpoint's: one line that names class_order
-    code, out, err = _test(trained, [], capsys)
-    lines = [ln for ln in err.splitlines() if ln.startswith("cloc-lightning: error:")]
-    assert code != 0 and len(lines) == 1 and "test/mae" not in out, err[-3000:]
-    assert "data.class_order" in lines[0], lines[0]
+    # (also with the model's num_classes given, as the run's own config.yaml gives it)
+    for extra in ([], ["--model.num_classes", "3"]):
+        code, out, err = _test(trained, extra, capsys)
+        lines = [ln for ln in err.splitlines() if ln.startswith("cloc-lightning: error:")]
+        assert code != 0 and len(lines) == 1 and "test/mae" not in out, err[-3000:]
+        assert "data.class_order" in lines[0] and "leave model.init_args.num_classes" not in lines[0], lines[0]
