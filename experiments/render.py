@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -220,7 +221,7 @@ def plot_curves(table: Table, rows: list[Row], runs: list[dict[str, Any]], path:
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
-    fig.suptitle(table.title, fontsize=10)
+    fig.suptitle("\n".join(textwrap.wrap(table.title, 120)), fontsize=10)  # a long title would be cut at the edges
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
