@@ -142,15 +142,16 @@ class OrdinalCLIPModule(ClassifierModule):
         optimizer: ``radam`` (the reference's and this module's default; decoupled weight
             decay, see :meth:`build_optimizer`) | ``adam`` | ``adamw`` | ``sgd``.
         lr: base learning rate (the reference's and this module's default: 1e-4 for every group).
+        backbone: timm model name for ``image_encoder: timm`` (unused with CLIP's visual tower).
+        cifar_stem: 3x3 stem without max-pool for the timm backbone (32 px images).
+        backbone_kwargs: extra ``timm.create_model`` arguments of the timm backbone.
+        weight_decay: weight decay of every group except the logit scale.
         **kwargs: the :class:`~cloc_lightning.methods.classifier.ClassifierModule` /
             :class:`~cloc_lightning.methods.base.BaseModule` arguments (``task``, the optimiser and
             schedule, ``init_from``, ...).
 
-    Keyword Args:
-        backbone (str): timm model name for ``image_encoder: timm``.
-        cifar_stem (bool): 3x3 stem without max-pool for the timm backbone (32 px images).
-        backbone_kwargs (dict[str, Any] | None): extra ``timm.create_model`` arguments of the timm backbone.
-        weight_decay (float): weight decay of every group except the logit scale.
+    The four arguments after ``lr`` are the base class's, with its defaults, declared here for
+    their meaning in this module (``--model.help OrdinalCLIPModule`` shows this text).
     """
 
     head: PrototypeHead
@@ -188,6 +189,10 @@ class OrdinalCLIPModule(ClassifierModule):
         *,
         optimizer: OptimizerName = "radam",
         lr: float = 1e-4,
+        backbone: str = "resnet18",
+        cifar_stem: bool = False,
+        backbone_kwargs: dict[str, Any] | None = None,
+        weight_decay: float = 0.0,
         **kwargs: Any,
     ) -> None:
         # cheap checks first: a config error must not wait for a CLIP model to be built
@@ -219,7 +224,16 @@ class OrdinalCLIPModule(ClassifierModule):
             ce_weight=ce_weight, kl_weight=kl_weight, target_sharpness=target_sharpness, check_finite=check_finite
         )
         OrdinalCLIPLoss(**loss_kwargs)  # validates the weights before anything is built
-        super().__init__(num_classes=num_classes, optimizer=optimizer, lr=lr, **kwargs)
+        super().__init__(
+            num_classes=num_classes,
+            optimizer=optimizer,
+            lr=lr,
+            backbone=backbone,
+            cifar_stem=cifar_stem,
+            backbone_kwargs=backbone_kwargs,
+            weight_decay=weight_decay,
+            **kwargs,
+        )
         self._loaded_clip = None  # build_head has taken what it needs; a subclass's head may not have
         #: projection of timm features to D (identity for CLIP's visual tower, which ends at D)
         self.image_proj: nn.Module = nn.Linear(self.feature_dim, self.embed_dim) if image_encoder == "timm" else nn.Identity()

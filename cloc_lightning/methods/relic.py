@@ -40,6 +40,7 @@ from cloc_lightning.losses.sigmoid import SigmoidContrastiveLoss
 from cloc_lightning.methods.grad_cache import cached_backward, check_mini_batch_size, check_mini_batches, chunk_backward, mini_batch_slices
 from cloc_lightning.methods.momentum import MomentumModule
 from cloc_lightning.methods.optim import SchedulerName
+from cloc_lightning.nn.ema import BetaSchedule
 from cloc_lightning.nn.heads import MLPHead
 from cloc_lightning.validation import check_choice, check_float, check_int
 
@@ -121,20 +122,18 @@ class ReLICModule(MomentumModule):
         update_beta_after_step: the target is a copy of the online network after every
             optimiser step ``k <= update_beta_after_step`` (0-based); the EMA starts after (1 here,
             as the seed).
-        **kwargs: the :class:`~cloc_lightning.methods.momentum.MomentumModule` arguments (the EMA
-            target: ``beta`` and its schedule), the :class:`~cloc_lightning.methods.pretrain.PretrainModule` ones (the
-            online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
-            :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
-
-    Keyword Args:
-        beta (float): initial EMA coefficient beta_0 (seed ``--beta``; its CLI default is 0.995,
+        beta: initial EMA coefficient beta_0 (seed ``--beta``; its CLI default is 0.995,
             its README commands use 0.99).
-        beta_schedule (str): ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
+        beta_schedule: ``'relic'`` (default): cosine from ``beta`` at step 0 to exactly 1 at
             the run's last optimiser step (ReLIC / BYOL).  ``'scl_train'``: the seed script's
             schedule -- horizon ``steps_per_epoch * (max_epochs + 2) - update_beta_after_step``
             (:func:`scl_train_beta_horizon`; with ``max_steps`` the run's steps plus two
             epochs) and a one-EMA-step lag (:func:`scl_train_beta`), so beta never reaches 1.
-        update_beta_every_n_steps (int): EMA update only after steps ``k`` divisible by this.
+        update_beta_every_n_steps: EMA update only after steps ``k`` divisible by this.
+        **kwargs: the :class:`~cloc_lightning.methods.momentum.MomentumModule` arguments (the EMA
+            target, beyond the three above), the :class:`~cloc_lightning.methods.pretrain.PretrainModule` ones (the
+            online probe: ``num_classes``, ``task``, ``online_probe``, ``knn_k``, ...) and the
+            :class:`~cloc_lightning.methods.base.BaseModule` ones (backbone, optimiser, schedule).
 
     Subclassing: override :meth:`build_projector` (``[B, feature_dim] -> [B, D]``),
     :meth:`build_loss`, :meth:`build_online_probe`, ``build_backbone`` (base class), or the
@@ -176,6 +175,9 @@ class ReLICModule(MomentumModule):
         online_probe_lr: float | None = 0.01,
         knn_k: int = 20,
         update_beta_after_step: int = 1,
+        beta: float = 0.99,
+        beta_schedule: BetaSchedule = "relic",
+        update_beta_every_n_steps: int = 1,
         **kwargs: Any,
     ) -> None:
         check_int("num_global_views", num_global_views, 1)
@@ -200,6 +202,9 @@ class ReLICModule(MomentumModule):
             online_probe_lr=online_probe_lr,
             knn_k=knn_k,
             update_beta_after_step=update_beta_after_step,
+            beta=beta,
+            beta_schedule=beta_schedule,
+            update_beta_every_n_steps=update_beta_every_n_steps,
             **kwargs,
         )
         self.num_global_views = num_global_views

@@ -101,6 +101,24 @@ def test_model_help_documents_every_option_with_the_methods_default(name: str, c
         assert options[option][1] == _shown(value), (name, option)
 
 
+@pytest.mark.parametrize(
+    ("name", "option", "words"),
+    [
+        ("OrdinalCLIPModule", "weight_decay", "every group except the logit scale"),
+        ("OrdinalCLIPModule", "backbone", "for image_encoder: timm"),
+        ("ReLICModule", "beta", "seed --beta"),
+    ],
+)
+def test_an_argument_whose_meaning_a_method_changes_shows_the_methods_text(
+    name: str, option: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``--model.help`` showed the base class's wording (e.g. "weight decay of the default group")."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.help", name])
+    description, _ = _help_options(capsys.readouterr().out)[option]
+    assert words in description, (name, option, description)
+
+
 @pytest.mark.parametrize("cls", list(METHOD_DEFAULTS), ids=lambda c: c.__name__)
 def test_print_config_shows_the_methods_defaults(cls: type, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
