@@ -1,7 +1,7 @@
 """``--model.help`` of every method documents every option and shows the method's own defaults; ``--print_config`` too.
 
 The optimiser / schedule / online-probe arguments are declared once (``BaseModule``,
-``PretrainModule``, ``MomentumModule``); a method re-declares only an argument whose default it changes
+``PretrainModule``, ``MomentumModule``); a method re-declares only an argument whose default or meaning it changes
 and passes the rest on with ``**kwargs``, which jsonargparse follows.  What a user sees must still be complete: every ``--model.<name>`` with a description, and each default as
 the method's constructor has it -- checked against the constructors walked here independently and
 against the references' values.
