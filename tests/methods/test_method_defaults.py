@@ -201,6 +201,14 @@ SAME_DEFAULT = {
     },
     (LinearProbeModule, "backbone_kwargs"): "an override of the checkpoint's (None: the checkpoint's), not the base's option",
     (LinearProbeModule, "pretrained"): "not used (the weights come from encoder_ckpt): refused unless false, documented so",
+    **{
+        (OrdinalCLIPModule, name): "the timm encoder's / every group but the logit scale's: the method's own --model.help text"
+        for name in ("backbone", "cifar_stem", "backbone_kwargs", "weight_decay")
+    },
+    **{
+        (ReLICModule, name): "the seed's beta and its schedules documented in --model.help"
+        for name in ("beta", "beta_schedule", "update_beta_every_n_steps")
+    },
 }
 #: ``(class, argument)`` re-declared with another type: another meaning than the base's, and which
 OTHER_MEANING = {
