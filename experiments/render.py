@@ -20,9 +20,13 @@ __all__ = ["markdown_table", "quote", "code_summary", "render_markdown", "plot_c
 
 
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    """A GitHub markdown table; a ``|`` inside a cell (``max |grad|``) is escaped so it splits no cell."""
+
+    def cell(c: Any) -> str:
+        return str(c).replace("\\|", "|").replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
