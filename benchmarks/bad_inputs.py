@@ -1094,6 +1094,79 @@ CASES.update(
 )
 
 
+# --------------------------------------------------------------------------------------------- a second site as a CSV
+# CSVDataModule(test_csv=...) (2026-11-29): the same rules for a table: a site may lack classes (indices by the training
+# CSV's labels); a label that is no class is refused naming its line; without data.csv_path the site's own labels are the
+# classes unless data.class_names is given.
+_CSV_RUN: dict[str, Path] = {}
+_CSV_CLASSES = ["young", "adult", "old"]
+
+
+def _csv_file(folder: Path, rows: list[tuple[str, str]], seed: int) -> Path:
+    lines = ["path,label"]
+    for k, (label, image) in enumerate(rows):
+        _jpeg(folder / "img" / image, seed + k)
+        lines.append(f"img/{image},{label}")
+    (folder / "labels.csv").write_text("\n".join(lines) + "\n")
+    return folder / "labels.csv"
+
+
+def _csv_trained(a: Audit) -> dict[str, Path]:
+    if not _CSV_RUN or not _CSV_RUN["ckpt"].is_file():
+        csv = _csv_file(a.work / "table", [(c, f"{c}{i}.jpg") for c in _CSV_CLASSES for i in range(10)], 300)
+        data = {
+            "class_path": "cloc_lightning.data.CSVDataModule",
+            "init_args": {"csv_path": str(csv), "class_names": _CSV_CLASSES, "batch_size": 4, "num_workers": 0, "image_size": 24},
+        }
+        _CSV_RUN.update(csv=csv, ckpt=a.trained("table", model={"num_classes": 3}, data=data))
+    return _CSV_RUN
+
+
+def _csv_test(a: Audit, name: str, rows: list[tuple[str, str]], **data_args: Any) -> Outcome:
+    site = _csv_file(a.work / name, rows, 950)
+    data = {
+        "class_path": "cloc_lightning.data.CSVDataModule",
+        "init_args": {"test_csv": str(site), "batch_size": 4, "num_workers": 0, "image_size": 24, **data_args},
+    }
+    csv_logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(a.work / "runs"), "name": name}}
+    cfg = _cfg(a.work, name, model={"num_classes": 3}, data=data, trainer={"logger": csv_logger, "limit_test_batches": 1.0})
+    return a.cli("test", "--config", str(cfg), "--ckpt_path", str(_csv_trained(a)["ckpt"]))
+
+
+def case_csv_site_lacking_a_class(a: Audit) -> dict[str, Any]:
+    run = _csv_trained(a)
+    rows = [("old", "a.jpg"), ("young", "b.jpg"), ("old", "c.jpg")]
+    o = _csv_test(a, "csv_site_yo", rows, csv_path=str(run["csv"]), class_names=_CSV_CLASSES)
+    scored = _table(o.stdout).get("test/images")
+    good = o.rc == 0 and scored is not None and float(scored) == 3
+    return {**_fmt(o, f"scored {scored} images" if o.rc == 0 else "refused"), "verdict": _verdict(o, good)}
+
+
+def case_csv_site_with_a_label_that_is_no_class(a: Audit) -> dict[str, Any]:
+    run = _csv_trained(a)
+    o = _csv_test(a, "csv_site_mid", [("old", "a.jpg"), ("middle", "b.jpg")], csv_path=str(run["csv"]), class_names=_CSV_CLASSES)
+    good = _refused_in_one_line(o, "no training class", "line 3")
+    return {**_fmt(o, "refused naming the row" if good else "scored or unclear"), "verdict": _verdict(o, good)}
+
+
+def case_csv_site_alone_lacking_a_class(a: Audit) -> dict[str, Any]:
+    o = _csv_test(a, "csv_site_alone", [("old", "a.jpg"), ("young", "b.jpg")], task="nominal")
+    good = _refused_in_one_line(o, "data.class_names")
+    return {
+        **_fmt(o, "refused naming data.class_names" if good else "scored under shifted labels or unclear"),
+        "verdict": _verdict(o, good),
+    }
+
+
+CASES.update(
+    {
+        "test: CSV, second site lacking a class": case_csv_site_lacking_a_class,
+        "test: CSV, second site with a label that is no class": case_csv_site_with_a_label_that_is_no_class,
+        "test: CSV, second site alone (no csv_path, no class_names) lacking a class": case_csv_site_alone_lacking_a_class,
+    }
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose cloc_lightning is run (default: this one)")

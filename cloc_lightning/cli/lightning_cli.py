@@ -159,7 +159,7 @@ class CLOCLightningCLI(LightningCLI):
             return None
         owner = cls.__name__ if cls is not None else "the model"
         info = DataInfo(data, owner=owner)
-        # optional: a data module that knows why its classes may differ says what to do (ImageFolderDataModule.class_mismatch_hint)
+        # a data module that knows why its classes may differ says what to do (BaseDataModule.class_mismatch_hint; optional for others)
         hint = getattr(data, "class_mismatch_hint", None)
         extra = (str(hint()) if callable(hint) else "").replace("{", "{{").replace("}", "}}")
         if self._num_classes_from_checkpoint:

@@ -638,11 +638,19 @@ class BaseDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         return {"class_names": list(self.class_names)}
 
+    def class_mismatch_hint(self) -> str:
+        """Added to the fix of a class mismatch with the model or checkpoint ('' here).
+
+        A data module whose classes can come from somewhere other than the training data (a
+        second site evaluated alone, which may lack classes) says here what restores them.
+        """
+        return ""
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict.get("class_names")
         if saved and self.class_names and list(saved) != list(self.class_names):
             raise DataConfigError(
                 f"the checkpoint was trained on classes {saved[:10]}..., this data module has "
                 f"{self.class_names[:10]}...; resume or evaluate it with the data configuration it was trained with "
-                "(config.yaml in its run folder: the same classes, bins or class order)"
+                f"(config.yaml in its run folder: the same classes, bins or class order){self.class_mismatch_hint()}"
             )

@@ -44,20 +44,29 @@ def check_val_fraction(value: Any) -> float:
 
 
 def check_root_for_stage(
-    owner: str, stage: str | None, test_root: str | None, layout: str, predict_alone: bool, without_root: str = "data.test_root (test)"
+    owner: str,
+    stage: str | None,
+    test_root: str | None,
+    layout: str,
+    predict_alone: bool,
+    without_root: str = "data.test_root (test)",
+    *,
+    root_key: str = "data.root",
+    test_key: str = "data.test_root",
 ) -> None:
     """Refuse a stage that needs ``data.root`` when it is not set (``owner``'s ``root`` is ``None``).
 
     Without ``root`` a data module serves ``test`` on ``test_root`` and ``predict`` (on
     ``test_root``, or on ``predict_root`` alone when ``predict_alone``); ``fit`` and ``validate``
-    have no data.  ``layout`` describes what ``root`` should hold, ``without_root`` the settings that evaluate without it.
+    have no data.  ``layout`` describes what ``root`` should hold, ``without_root`` the settings that evaluate without it;
+    ``root_key`` / ``test_key`` name the two settings (``data.csv_path`` / ``data.test_csv`` for a CSV).
     """
     if stage == "predict" and predict_alone:
         return
     if test_root is None:
-        raise DataConfigError(f"{owner}: data.root is not set; set it to {layout}, or {without_root} to evaluate a folder of your own")
+        raise DataConfigError(f"{owner}: {root_key} is not set; set it to {layout}, or {without_root} to evaluate data of your own")
     if stage not in ("test", "predict"):
         raise DataConfigError(
-            f"{owner}: data.root is not set, so there is no training or validation data for "
-            f"{stage or 'fit'}; set data.root (data.test_root {test_root!r} alone serves test and predict)"
+            f"{owner}: {root_key} is not set, so there is no training or validation data for "
+            f"{stage or 'fit'}; set {root_key} ({test_key} {test_root!r} alone serves test and predict)"
         )

@@ -79,7 +79,16 @@ def shared_with_training(train: Sequence[str], test: Sequence[str]) -> Overlap:
     return found
 
 
-def overlap_message(overlap: Overlap, n_test: int, test_root: str, root: str) -> str:
+def overlap_message(
+    overlap: Overlap,
+    n_test: int,
+    test_root: str,
+    root: str,
+    *,
+    test_key: str = "test_root",
+    root_key: str = "data.root",
+    fix: str = "folder",
+) -> str:
     """One line: how many test images are training images (by content, by name), an example of each, and the fix."""
     parts = []
     if overlap.same_content:
@@ -91,7 +100,7 @@ def overlap_message(overlap: Overlap, n_test: int, test_root: str, root: str) ->
         t, _ = overlap.same_name[0]
         parts.append(f"{len(overlap.same_name)} with a training file's name (e.g. {os.path.basename(t)!r})")
     return (
-        f"test_root {test_root!r}: {len(overlap.test_files)} of {n_test} test image(s) are in the training split of "
-        f"data.root {root!r}: {'; '.join(parts)}; their metrics are no held-out result: remove them from the test "
-        "folder (or from data.root and train again)"
+        f"{test_key} {test_root!r}: {len(overlap.test_files)} of {n_test} test image(s) are in the training split of "
+        f"{root_key} {root!r}: {'; '.join(parts)}; their metrics are no held-out result: remove them from the test "
+        f"{fix} (or from {root_key} and train again)"
     )
