@@ -47,6 +47,7 @@ LAYERS = {
 #: CSV / split helpers and the one error type; a helper never imports a data module
 DATA_LAYERS = {
     "folder": 0,
+    "csv_table": 0,
     "utkface": 0,
     "torchvision_sets": 0,
     "synthetic": 0,

@@ -3,8 +3,9 @@
 from typing import TYPE_CHECKING
 
 from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.csv_table import CSVDataModule
 from cloc_lightning.data.errors import DataConfigError
-from cloc_lightning.data.folder import CSVDataModule, ImageFolderDataModule
+from cloc_lightning.data.folder import ImageFolderDataModule
 from cloc_lightning.data.synthetic import OrdinalShapesDataModule, make_ordinal_shapes
 from cloc_lightning.data.tables import hash_split
 from cloc_lightning.data.torchvision_sets import CIFAR10DataModule, CIFAR100DataModule, STL10DataModule

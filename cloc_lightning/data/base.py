@@ -31,13 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_sizes
-from cloc_lightning.data.datasets import (
-    BadFiles,
-    ImageFileDataset,
-    LabelledDataset,
-    StoredSubset,
-    TransformedSubset,
-)
+from cloc_lightning.data.datasets import BadFiles, ImageFileDataset, LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
 from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
@@ -639,18 +633,14 @@ class BaseDataModule(L.LightningDataModule):
         return {"class_names": list(self.class_names)}
 
     def class_mismatch_hint(self) -> str:
-        """Added to the fix of a class mismatch with the model or checkpoint ('' here).
-
-        A data module whose classes can come from somewhere other than the training data (a
-        second site evaluated alone, which may lack classes) says here what restores them.
-        """
+        """Added to the fix of a class mismatch with the model or checkpoint ('': none; a second site alone says what to give)."""
         return ""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict.get("class_names")
         if saved and self.class_names and list(saved) != list(self.class_names):
+            fix = "(config.yaml in its run folder: the same classes, bins or class order)" + self.class_mismatch_hint()
             raise DataConfigError(
-                f"the checkpoint was trained on classes {saved[:10]}..., this data module has "
-                f"{self.class_names[:10]}...; resume or evaluate it with the data configuration it was trained with "
-                f"(config.yaml in its run folder: the same classes, bins or class order){self.class_mismatch_hint()}"
+                f"the checkpoint was trained on classes {saved[:10]}..., this data module has {self.class_names[:10]}...; "
+                f"resume or evaluate it with the data configuration it was trained with {fix}"
             )

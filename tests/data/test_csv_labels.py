@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cloc_lightning.data.csv_table import CSVDataModule
 from cloc_lightning.data.errors import DataConfigError
-from cloc_lightning.data.folder import CSVDataModule
 from cloc_lightning.methods import CEModule
 from tests.conftest import TINY_BACKBONE, cpu_trainer
 

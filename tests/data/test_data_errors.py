@@ -16,8 +16,8 @@ from cloc_lightning.data import (
     ImageFolderDataModule,
     UTKFaceDataModule,
 )
+from cloc_lightning.data.csv_table import CSVDataModule
 from cloc_lightning.data.errors import DataConfigError
-from cloc_lightning.data.folder import CSVDataModule
 from cloc_lightning.methods import CEModule
 from tests._reliability import (
     SMALL,

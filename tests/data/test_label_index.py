@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from cloc_lightning.data import ImageFolderDataModule
+from cloc_lightning.data.csv_table import CSVDataModule
 from cloc_lightning.data.errors import DataConfigError
-from cloc_lightning.data.folder import CSVDataModule
 from cloc_lightning.data.tables import label_indices
 
 

@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 
 from cloc_lightning.data import ImageFolderDataModule, OrdinalShapesDataModule, UTKFaceDataModule
+from cloc_lightning.data.csv_table import CSVDataModule
 from cloc_lightning.data.errors import DataConfigError
-from cloc_lightning.data.folder import CSVDataModule
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews
 
 
