@@ -28,6 +28,7 @@ from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.cli.helptext import CLOCHelpFormatter
 from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.stores import cache_main
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint
@@ -180,4 +181,5 @@ COMMANDS: dict[str, Callable[[list[str] | None], Any]] = {
     "probe": probe_main,
     "export-prototypes": export_prototypes_main,
     "configs": configs_main,
+    "cache": cache_main,
 }

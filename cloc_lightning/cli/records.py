@@ -7,6 +7,7 @@ folder (:func:`_version_folder_of`, :func:`_pin_logger_version`).  The guide is 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -87,13 +88,25 @@ class RunConfigSaver(SaveConfigCallback):
         name, problem = trainer.strategy.broadcast((name, problem))
         if problem is not None:
             raise RunFolderInUseError(problem)
+        record = data_record(trainer)  # on every process (it may resolve the data seed, a collective)
         if trainer.is_global_zero:
             get_filesystem(log_dir).makedirs(log_dir, exist_ok=True)
             self.written = os.path.join(log_dir, name)
             self.parser.save(self.config, self.written, skip_none=False, overwrite=False, multifile=self.multifile)
+            if record is not None:  # config.yaml -> data.json, config.resume-1.yaml -> data.resume-1.json
+                stem = os.path.splitext(name)[0].replace(os.path.splitext(self.config_filename)[0], "data", 1)
+                with get_filesystem(log_dir).open(os.path.join(log_dir, f"{stem}.json"), "w") as f:
+                    json.dump(record, f, indent=1)
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def data_record(trainer: Any) -> dict[str, Any] | None:
+    """The data module's record for the run folder (its source, data seed and stores), when it keeps one."""
+    dm = getattr(trainer, "datamodule", None)
+    fn = getattr(dm, "run_record", None)
+    return fn() if callable(fn) else None
 
 
 def _real_loggers(trainer: Any) -> list[Any]:
@@ -136,6 +149,7 @@ def _check_save_dir(folder: str) -> None:
 #: what a run writes into its run folder (other files there, e.g. a scheduler's or job script's own logs, are not a run's records)
 _RECORD_PATTERNS = (
     "config*.yaml",
+    "data*.json",
     "hparams.yaml",
     "checkpoints",
     "events.out.tfevents.*",
@@ -154,7 +168,7 @@ def _run_records(folder: str) -> list[str]:
 
 
 #: what a run that failed before its first step may have written into the folder it made (nothing of a result)
-_EMPTY_RUN_PATTERNS = ("config*.yaml", "hparams.yaml", "events.out.tfevents.*", "metrics.csv")
+_EMPTY_RUN_PATTERNS = ("config*.yaml", "data*.json", "hparams.yaml", "events.out.tfevents.*", "metrics.csv")
 
 
 def _left_empty(folder: str) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -31,6 +32,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_sizes
+from cloc_lightning.data.seeding import DataSeedMixin
+from cloc_lightning.data.stores import StoreGroup
 from cloc_lightning.data.datasets import BadFiles, ImageFileDataset, LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
 from cloc_lightning.data.errors import DataConfigError, config_errors
@@ -90,7 +93,7 @@ def _auto_workers() -> int:
     return min(8, max(0, cpus - 1))
 
 
-class BaseDataModule(L.LightningDataModule):
+class BaseDataModule(DataSeedMixin, L.LightningDataModule):
     """Base of every data module: loaders, transforms, multi-view hook, subsampling.
 
     Subclasses implement :meth:`build_base_sets` (and set ``num_classes`` /
@@ -136,7 +139,10 @@ class BaseDataModule(L.LightningDataModule):
         class_fraction: label-distribution shift: ``{class: fraction}`` keeps only
             that fraction of the listed classes' training images.
         drop_last: drop the last incomplete training batch.
-        seed: seed of the training sampler's shuffling and of the training augmentations.
+        seed: seed of the training sampler's shuffling and of the training augmentations; ``None``
+            (default) follows the run's seed (``--seed_everything``, read from ``PL_GLOBAL_SEED`` at
+            setup, rank 0's under DDP; 0 when the run is not seeded).  The seed used is kept in the
+            checkpoint, so a resumed fit draws the same order and views; an explicit seed wins.
         bad_files: what file-based sets do with unreadable images (``raise``/``skip``);
             the ``predict_root`` set always raises (a skipped file would shift the rows).
             For :class:`~cloc_lightning.data.CSVDataModule` rows whose image does not exist
@@ -170,7 +176,7 @@ class BaseDataModule(L.LightningDataModule):
         train_fraction: float = 1.0,
         class_fraction: dict[int, float] | None = None,
         drop_last: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
         bad_files: BadFiles = "raise",
         predict_root: str | None = None,
         cache: Cache = "none",
@@ -198,6 +204,8 @@ class BaseDataModule(L.LightningDataModule):
             check_choice("bad_files", bad_files, BadFiles)
             check_choice("cache", cache, Cache, hint="none, memory (shared memory) or disk (memory-mapped, in cache_dir)")
             check_choice("augment_on", augment_on, AugmentOn, hint="loader (torchvision per sample) or device (batched, on the GPU)")
+            if seed is not None:
+                check_int("seed", seed, 0, hint="or null: the run's seed (--seed_everything)")
             if cache_size is not None:
                 check_int(
                     "cache_size", cache_size, 8, hint="px of the stored images' long side, or null: the rule of cloc_lightning.data.cache"
@@ -233,6 +241,10 @@ class BaseDataModule(L.LightningDataModule):
         self.cache_size = cache_size
         self.augment_on = augment_on
         self._device_augment: DeviceAugment | None = None
+        self._run_seed: int | None = None
+        self._store_token: str | None = None
+        #: the stores this data module uses (split, kind, key, folder, source), written to the run folder's ``data.json``
+        self.store_records: list[dict[str, Any]] = []
         self._stored: dict[str, LabelledDataset] = {}
         self._device_sets: dict[str, StoredSubset] = {}
         self.class_names: list[str] = []
@@ -307,11 +319,24 @@ class BaseDataModule(L.LightningDataModule):
             return StoreLayout("resize", self.image_size)
         specs = self.train_view_specs()
         if all(spec.crop == "rrc" for spec in specs):
-            if self.cache_size is not None:
-                return StoreLayout("fit", self.cache_size)
             long, aspect = native_sizes(base)
             crops = [(spec.size, spec.scale[0], min(spec.ratio[0], 1 / spec.ratio[1])) for spec in specs]
-            return StoreLayout("fit", fit_store_size(crops, long, aspect))
+            rule = fit_store_size(crops, long, aspect)
+            if self.cache_size is None:
+                return StoreLayout("fit", rule)
+            largest = max(spec.size for spec in specs)
+            if self.cache_size < largest:
+                raise DataConfigError(
+                    f"data.cache_size={self.cache_size} is below the largest training view ({largest} px): every crop would be "
+                    f"enlarged from fewer pixels than it shows; set data.cache_size to at least {rule} (the stored-size rule) or null"
+                )
+            if self.cache_size < rule:
+                rank_zero_warn(
+                    f"data.cache_size={self.cache_size} is below the stored-size rule's {rule} px for these views: the smallest crops "
+                    f"come from fewer pixels than they show, so the training views are blurrier than without a cache "
+                    f"(docs/data.md, the stored size); set data.cache_size: null (or {rule}) to keep them sharp"
+                )
+            return StoreLayout("fit", self.cache_size)
         return StoreLayout("resize", self.image_size)
 
     def _store(self, split: str, base: LabelledDataset, decode: bool = True) -> LabelledDataset:
@@ -325,9 +350,25 @@ class BaseDataModule(L.LightningDataModule):
         if self.cache == "none" or not decode:
             return OnTheFlyStore(base, layout)
         what = f"the {split} split of {type(self).__name__}"
-        return build_store(
-            base, layout, self.cache, what, bad_files=self.bad_files, cache_dir=self.cache_dir, progress=self._is_rank_zero()
+        group = StoreGroup.of_trainer(self.trainer)
+        if self.cache == "memory" and self._store_token is None:  # the run's name for its memory stores, rank 0's on every process
+            self._store_token = group.broadcast(uuid.uuid4().hex)
+        store = build_store(
+            base,
+            layout,
+            self.cache,
+            what,
+            bad_files=self.bad_files,
+            cache_dir=self.cache_dir,
+            progress=self._is_rank_zero(),
+            group=group,
+            token=self._store_token,
+            source=self.data_source(),
         )
+        self.store_records.append(
+            {"split": split, "kind": self.cache, "key": store.key, "folder": store.folder, "layout": layout.describe(), "source": self.data_source()}
+        )
+        return store
 
     def _is_rank_zero(self) -> bool:
         trainer = self.trainer
@@ -336,7 +377,7 @@ class BaseDataModule(L.LightningDataModule):
     def device_augment(self) -> DeviceAugment:
         """The batched training pipeline (built once; ``augment_on: device``)."""
         if self._device_augment is None:
-            self._device_augment = DeviceAugment(self.train_view_specs(), self.mean, self.std, seed=self.seed)
+            self._device_augment = DeviceAugment(self.train_view_specs(), self.mean, self.std, seed=self.train_seed)
         return self._device_augment
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -463,6 +504,7 @@ class BaseDataModule(L.LightningDataModule):
             if self.predict_set is None:
                 self.predict_set = TransformedSubset(self.build_predict_set(), None, self.eval_image_transform())
             return
+        self.resolve_seed()
         base = self._ensure_base()
         train = base["train"]
         files = getattr(train, "files", None)
@@ -474,13 +516,13 @@ class BaseDataModule(L.LightningDataModule):
             lazy = {"train"} if stage in ("validate", "test", "predict") else set()
             stored = self._stored = {split: self._store(split, ds, decode=split not in lazy) for split, ds in base.items()}
             indices = self.train_indices(train.targets, keys)
-            self.train_set = TransformedSubset(stored["train"], indices, self.train_image_transform(), seed=self.seed)
+            self.train_set = TransformedSubset(stored["train"], indices, self.train_image_transform(), seed=self.train_seed)
             readable = {split: self._readable(stored[split], split) for split in ("val", "test")}
             self.val_set = TransformedSubset(stored["val"], readable["val"], self.eval_image_transform())
             self.test_set = TransformedSubset(stored["test"], readable["test"], self.eval_image_transform())
             if self.augment_on == "device":
                 self._device_sets = {
-                    "train": StoredSubset(stored["train"], indices, seed=self.seed, train=True),
+                    "train": StoredSubset(stored["train"], indices, seed=self.train_seed, train=True),
                     "val": StoredSubset(stored["val"], readable["val"], train=False),
                     "test": StoredSubset(stored["test"], readable["test"], train=False),
                 }
@@ -515,9 +557,9 @@ class BaseDataModule(L.LightningDataModule):
         if shuffle:
             shard = self._distributed()
             if shard is not None:  # each process's share of the epoch's order, resumable mid-epoch
-                sampler: Any = DistributedEpochShuffleSampler(ds, shard[0], shard[1], seed=self.seed)
+                sampler: Any = DistributedEpochShuffleSampler(ds, shard[0], shard[1], seed=self.train_seed)
             else:  # no ``shuffle=`` argument: Lightning sees a RandomSampler, i.e. a shuffled loader
-                sampler = EpochShuffleSampler(ds, self.seed)
+                sampler = EpochShuffleSampler(ds, self.train_seed)
             return ResumableDataLoader(ds, sampler=sampler, **common)
         return DataLoader(ds, shuffle=False, **common)
 
@@ -528,7 +570,7 @@ class BaseDataModule(L.LightningDataModule):
             num_workers=workers,
             pin_memory=self._pin(),
             persistent_workers=workers > 0,
-            generator=torch.Generator().manual_seed(self.seed),
+            generator=torch.Generator().manual_seed(self.train_seed),
         )
 
     def _pin(self) -> bool:
@@ -626,17 +668,25 @@ class BaseDataModule(L.LightningDataModule):
         """The (subsampled) training set with the *eval* transform, in order (for feature probes)."""
         base = self._ensure_base()
         assert self.train_set is not None, "call setup() first"
-        ds = TransformedSubset(self._stored.get("train", base["train"]), self.train_set.indices, self.eval_image_transform())
+        stored = self._stored.get("train", base["train"])
+        if isinstance(stored, StoredImages) and stored.layout != StoreLayout("resize", self.image_size):
+            # the training store keeps crops' resolution (fit layout): the eval transform needs the images as an evaluation
+            # split stores them, resized once from the originals, so that the pixels equal those without a cache
+            if "train_eval" not in self._stored:
+                self._stored["train_eval"] = self._store("train_eval", base["train"])
+            stored = self._stored["train_eval"]
+        ds = TransformedSubset(stored, self.train_set.indices, self.eval_image_transform())
         return self._loader(ds, self.eval_batch_size, False, False)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"class_names": list(self.class_names)}
+        return {"class_names": list(self.class_names), "data_seed": self.train_seed}
 
     def class_mismatch_hint(self) -> str:
         """Added to the fix of a class mismatch with the model or checkpoint ('': none; a second site alone says what to give)."""
         return ""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restore_seed(state_dict.get("data_seed"))
         saved = state_dict.get("class_names")
         if saved and self.class_names and list(saved) != list(self.class_names):
             fix = "(config.yaml in its run folder: the same classes, bins or class order)" + self.class_mismatch_hint()

@@ -33,14 +33,17 @@ next readable image in for it (as without a cache); evaluation sets leave it out
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import math
 import os
 import shutil
+import socket
+import time
+import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,20 @@ from PIL import Image
 
 from cloc_lightning.data.datasets import _UNREADABLE, ImageFileDataset, LabelledDataset, TensorImageDataset
 from cloc_lightning.data.errors import DataConfigError
+from cloc_lightning.data.stores import (
+    _HELD,
+    USERS,
+    StoreGroup,
+    default_cache_dir,
+    hold,
+    locked,
+    partial_name,
+    release,
+    remove_dead_partials,
+    shm_root,
+    stores_summary,
+    sweep_unused,
+)
 
 __all__ = [
     "Cache",
@@ -62,6 +79,7 @@ __all__ = [
     "store_image",
     "build_store",
     "default_cache_dir",
+    "store_key",
     "fit_store_size",
     "native_sizes",
 ]
@@ -165,6 +183,9 @@ class StoredImages(LabelledDataset):
         self.stored_hw = stored
         self.ok = ok
         self.skipped = 0
+        #: the store's key and folder (``None`` for a store in this process's memory)
+        self.key: str | None = None
+        self.folder: str | None = None
 
     @property
     def images(self) -> torch.Tensor:
@@ -250,15 +271,6 @@ class OnTheFlyStore(LabelledDataset):
 # ----------------------------------------------------------------------------
 # building
 # ----------------------------------------------------------------------------
-def default_cache_dir() -> str:
-    """``$CLOC_CACHE_DIR``, else ``$XDG_CACHE_HOME/cloc_lightning/images``, else ``~/.cache/cloc_lightning/images``."""
-    env = os.environ.get("CLOC_CACHE_DIR")
-    if env:
-        return os.path.expanduser(env)
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "cloc_lightning", "images")
-
-
 def native_sizes(base: LabelledDataset, sample: int = 256) -> tuple[int | None, float]:
     """``(95th percentile of the long sides, 5th percentile of short/long)`` from up to ``sample`` images' headers.
 
@@ -286,35 +298,13 @@ def native_sizes(base: LabelledDataset, sample: int = 256) -> tuple[int | None, 
     return int(np.percentile(long, 95, method="higher")), float(np.percentile(short / long, 5, method="lower"))
 
 
-def _fingerprint(base: LabelledDataset) -> str:
-    """What identifies a split's images: file paths, sizes and times; or the bytes of an in-memory set."""
-    h = hashlib.sha256()
-    h.update(type(base).__name__.encode())
-    if isinstance(base, ImageFileDataset):
-        for f in base.files:
-            st = os.stat(f)
-            h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    elif isinstance(base, TensorImageDataset):
-        h.update(str(tuple(base.images.shape)).encode())
-        h.update(hashlib.sha256(base.images.contiguous().numpy().tobytes()).digest())
-    else:
-        path = getattr(base, "path", None)
-        if path is not None and os.path.exists(str(path)):
-            st = os.stat(str(path))
-            h.update(f"{os.path.abspath(str(path))}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-        for i in range(len(base)):
-            h.update(base.describe(i).encode() + b"\n")
-    h.update(str(base.targets).encode())
-    return h.hexdigest()
-
-
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def _free_shared_memory() -> int | None:
+def _free_shared_memory(root: Path | None = None) -> int | None:
     try:
-        st = os.statvfs("/dev/shm")
+        st = os.statvfs(str(root) if root is not None else "/dev/shm")
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
@@ -380,18 +370,6 @@ def _decode_into(
         rank_zero_warn(f"bad_files: skip: {bad} unreadable image(s) in {what} were not cached: {names}{' ...' if bad > 5 else ''}")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (other processes building the same store wait here)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def _complete(folder: Path, n: int, size: int) -> bool:
     info = folder / "info.json"
     data = folder / "images.u8"
@@ -404,6 +382,24 @@ def _complete(folder: Path, n: int, size: int) -> bool:
     return bool(meta.get("complete")) and meta.get("n") == n and meta.get("size") == size and data.stat().st_size == n * 3 * size * size
 
 
+def store_key(base: LabelledDataset, layout: StoreLayout, what: str) -> str:
+    """The key of ``base``'s disk store: the format, the layout, the labels and the source's :meth:`~LabelledDataset.store_identity`.
+
+    Raises:
+        DataConfigError: ``base`` has no identity (a dataset of one's own that does not define it).
+    """
+    identity = base.store_identity()
+    if identity is None:
+        raise DataConfigError(
+            f"data.cache: disk: {what} is a {type(base).__name__}, whose pixels a store key cannot describe (its "
+            "store_identity() returns None), so a store built from other data could be served for it; use data.cache: "
+            "memory, or define store_identity() on the dataset (cloc_lightning.data.LabelledDataset)"
+        )
+    h = hashlib.sha256(f"{_FORMAT}\0{layout.mode}\0{layout.size}\0{identity}\0".encode())
+    h.update(np.asarray(base.targets, dtype=np.int64).tobytes())
+    return h.hexdigest()[:24]
+
+
 def build_store(
     base: LabelledDataset,
     layout: StoreLayout,
@@ -412,92 +408,177 @@ def build_store(
     bad_files: str = "raise",
     cache_dir: str | None = None,
     progress: bool = True,
+    group: StoreGroup | None = None,
+    token: str | None = None,
+    source: str | None = None,
 ) -> StoredImages:
     """Decode ``base`` once into a :class:`StoredImages` (``cache``: ``memory`` or ``disk``).
 
     Prints the size before building; stops with a :class:`DataConfigError` naming the fix when
-    it does not fit (free shared memory for ``memory``, free disk space for ``disk``).  A disk
-    store is built by one process under a file lock while the others wait, into a temporary
-    folder renamed into place when complete, so a partial store is never read.
+    it does not fit (free shared memory for ``memory``, free disk space for ``disk``).  ``group``:
+    the run's processes (:class:`~cloc_lightning.data.stores.StoreGroup`; default this one alone),
+    who builds being the rule of :mod:`cloc_lightning.data.stores`; ``token``: the run's name for
+    its memory stores (the same on every process of the run); ``source``: what the data is, kept in
+    the store's ``info.json``.
     """
-    n = len(base)
-    S = layout.size
+    group = group or StoreGroup()
+    n, S = len(base), layout.size
     nbytes = n * 3 * S * S
     fix = "set data.cache_size to store smaller images, data.cache: disk (memory-mapped), or data.cache: none"
     if cache == "memory":
-        free = _free_shared_memory()
-        avail = _available_memory()
-        limit = min(v for v in (free, avail) if v is not None) if (free is not None or avail is not None) else None
-        if limit is not None and nbytes > 0.9 * limit:
-            raise DataConfigError(
-                f"data.cache: memory: {what} needs {_gb(nbytes)} ({n} images at {layout.describe()}), but only {_gb(limit)} of "
-                f"shared memory (/dev/shm) and RAM are free; {fix}"
-            )
-        rank_zero_info(f"data.cache: memory: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} of shared memory")
-        images = torch.empty((n, 3, S, S), dtype=torch.uint8)
-        if nbytes:
-            images.share_memory_()  # type: ignore[no-untyped-call]
-        native = np.zeros((n, 2), dtype=np.int32)
-        stored = np.zeros((n, 2), dtype=np.int32)
-        ok = np.ones(n, dtype=bool)
-        _decode_into(base, layout, images, native, stored, ok, what, bad_files, progress)
-        return StoredImages(base, layout, images, native, stored, ok)
+        root = shm_root()
+        if root is None:  # no /dev/shm (not Linux): one copy per process
+            return _process_store(base, layout, what, bad_files, progress, nbytes, fix)
+        key = f"{token or uuid.uuid4().hex}-{layout.mode}{S}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
+        folder = root / key
+        problem = None
+        if group.local_rank == 0:  # one builder per node; the node's other processes map its store
+            try:
+                sweep_unused(root)
+                with locked(root / f"{key}.lock"):
+                    if not _complete(folder, n, S):
+                        _check_memory(root, what, n, layout, nbytes, group, fix)
+                        rank_zero_info(
+                            f"data.cache: memory: decoding {what} once per node: {n} images at {layout.describe()}, "
+                            f"{_gb(nbytes)} of shared memory ({str(root)!r}), mapped by every process of the node"
+                        )
+                        _build_folder(base, layout, folder, what, bad_files, progress, source, memory=True)
+            except DataConfigError as e:
+                problem = str(e)
+        group.agree(problem)
+        hold(folder)
+        with contextlib.suppress(OSError):
+            (root / f"{key}.lock").unlink()
+        store = _open(base, layout, folder, what)
+        weakref.finalize(store, release, folder)
+        return store
     if cache != "disk":
         raise ValueError(f"build_store: cache must be 'memory' or 'disk', got {cache!r}")
     root = Path(os.path.expanduser(cache_dir or default_cache_dir()))
-    key = hashlib.sha256(f"{_FORMAT}\0{layout.mode}\0{S}\0{_fingerprint(base)}".encode()).hexdigest()[:24]
+    key = store_key(base, layout, what)
     folder = root / key
-    if not _complete(folder, n, S):
-        rank_zero_info(
-            f"data.cache: disk: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} in {str(folder)!r} "
-            "(one process builds it, the others wait; later runs reuse it)"
-        )
-        with _locked(root / f"{key}.lock"):
+
+    def ensure() -> str | None:
+        try:
             if not _complete(folder, n, S):
-                _build_disk(base, layout, folder, what, bad_files, progress, nbytes, fix)
+                rank_zero_info(
+                    f"data.cache: disk: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} in {str(folder)!r} "
+                    "(one process builds it, the others wait; later runs reuse it)"
+                )
+                with locked(root / f"{key}.lock"):
+                    if not _complete(folder, n, S):
+                        _check_disk(root, what, nbytes, fix, cache_dir)
+                        _build_folder(base, layout, folder, what, bad_files, progress, source, memory=False)
+        except DataConfigError as e:
+            return str(e)
+        return None
+
+    # global rank 0 first (a cache_dir shared by the nodes is then complete for all), then the first process of
+    # every node that still does not see it (a node-local cache_dir): no flock across machines is relied on
+    group.agree(ensure() if group.rank == 0 else None)
+    group.agree(ensure() if group.rank != 0 and group.local_rank == 0 else None)
+    if not _complete(folder, n, S):
+        raise DataConfigError(
+            f"data.cache: disk: the store of {what} in {str(folder)!r} is not complete on this process after the first process of "
+            "its node built it; data.cache_dir must be one folder that every process of a node sees"
+        )
+    with contextlib.suppress(OSError):
+        (folder / "last_used").touch()
+    return _open(base, layout, folder, what)
+
+
+def _open(base: LabelledDataset, layout: StoreLayout, folder: Path, what: str) -> StoredImages:
     meta = np.load(folder / "meta.npz")
-    return StoredImages(base, layout, None, meta["native"], meta["stored"], meta["ok"], path=str(folder / "images.u8"))
+    store = StoredImages(base, layout, None, meta["native"], meta["stored"], meta["ok"], path=str(folder / "images.u8"))
+    store.key, store.folder = folder.name, str(folder)
+    return store
 
 
-def _build_disk(
-    base: LabelledDataset, layout: StoreLayout, folder: Path, what: str, bad_files: str, progress: bool, nbytes: int, fix: str
-) -> None:
-    root = folder.parent
-    for stale in root.glob(f"{folder.name}.partial-*"):  # a build killed before its rename: never read, removed here
-        shutil.rmtree(stale, ignore_errors=True)
+def _check_memory(root: Path, what: str, n: int, layout: StoreLayout, nbytes: int, group: StoreGroup, fix: str) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    free = _free_shared_memory(root)
+    avail = _available_memory()
+    known = [v for v in (free, avail) if v is not None]
+    if known and nbytes > 0.9 * min(known):
+        shared = " (one copy for all the node's processes)" if group.world > 1 else ""
+        raise DataConfigError(
+            f"data.cache: memory: {what} needs {_gb(nbytes)}{shared} ({n} images at {layout.describe()}), but only "
+            f"{_gb(min(known))} of shared memory ({root}) and RAM are free; {fix}"
+        )
+
+
+def _check_disk(root: Path, what: str, nbytes: int, fix: str, cache_dir: str | None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root).free
     if nbytes > free - (1 << 28):
+        there = stores_summary(cache_dir)
         raise DataConfigError(
             f"data.cache: disk: {what} needs {_gb(nbytes)} in {str(root)!r}, which has {_gb(free)} free; "
-            f"set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}"
+            f"set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}" + (f". {there}" if there else "")
         )
+
+
+def _process_store(base: LabelledDataset, layout: StoreLayout, what: str, bad_files: str, progress: bool, nbytes: int, fix: str) -> StoredImages:
+    """A store in this process's own shared memory (where there is no ``/dev/shm`` to share between processes)."""
     n, S = len(base), layout.size
-    tmp = root / f"{folder.name}.partial-{os.getpid()}"
+    free = _available_memory()
+    if free is not None and nbytes > 0.9 * free:
+        raise DataConfigError(f"data.cache: memory: {what} needs {_gb(nbytes)} ({n} images at {layout.describe()}), but only {_gb(free)} of RAM is free; {fix}")
+    rank_zero_info(f"data.cache: memory: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} of shared memory")
+    images = torch.empty((n, 3, S, S), dtype=torch.uint8)
+    if nbytes:
+        images.share_memory_()  # type: ignore[no-untyped-call]
+    native, stored, ok = np.zeros((n, 2), dtype=np.int32), np.zeros((n, 2), dtype=np.int32), np.ones(n, dtype=bool)
+    _decode_into(base, layout, images, native, stored, ok, what, bad_files, progress)
+    return StoredImages(base, layout, images, native, stored, ok)
+
+
+def _build_folder(
+    base: LabelledDataset, layout: StoreLayout, folder: Path, what: str, bad_files: str, progress: bool, source: str | None, memory: bool
+) -> None:
+    """Decode ``base`` into a folder of its own, renamed to ``folder`` when complete (a partial store is never read)."""
+    root = folder.parent
+    remove_dead_partials(root, folder.name)
+    n, S = len(base), layout.size
+    tmp = root / partial_name(folder.name)
     tmp.mkdir(parents=True)  # raw bytes (not .npy), so that any tool can map them
-    mm = np.memmap(tmp / "images.u8", dtype=np.uint8, mode="w+", shape=(max(n, 1), 3, S, S))
-    native = np.zeros((n, 2), dtype=np.int32)
-    stored = np.zeros((n, 2), dtype=np.int32)
-    ok = np.ones(n, dtype=bool)
-    _decode_into(base, layout, mm[:n], native, stored, ok, what, bad_files, progress)
-    mm.flush()
-    del mm
-    if n == 0:
-        os.truncate(tmp / "images.u8", 0)
-    np.savez(tmp / "meta.npz", native=native, stored=stored, ok=ok)
-    (tmp / "info.json").write_text(
-        json.dumps(
-            {
-                "format": _FORMAT,
-                "what": what,
-                "n": n,
-                "size": S,
-                "mode": layout.mode,
-                "complete": True,
-                "unreadable": int((~ok).sum()),
-            },
-            indent=1,
-        )
-    )
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.rename(tmp, folder)
+    if memory:  # the builder maps it first; its lock outlives the rename (same file)
+        (tmp / USERS).touch()
+        hold(tmp)
+    try:
+        mm = np.memmap(tmp / "images.u8", dtype=np.uint8, mode="w+", shape=(max(n, 1), 3, S, S))
+        native, stored, ok = np.zeros((n, 2), dtype=np.int32), np.zeros((n, 2), dtype=np.int32), np.ones(n, dtype=bool)
+        _decode_into(base, layout, mm[:n], native, stored, ok, what, bad_files, progress)
+        mm.flush()
+        del mm
+        if n == 0:
+            os.truncate(tmp / "images.u8", 0)
+        np.savez(tmp / "meta.npz", native=native, stored=stored, ok=ok)
+        info = {
+            "format": _FORMAT,
+            "what": what,
+            "source": source,
+            "n": n,
+            "size": S,
+            "mode": layout.mode,
+            "complete": True,
+            "unreadable": int((~ok).sum()),
+            "built_by": f"{socket.gethostname()}:{os.getpid()}",
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (tmp / "info.json").write_text(json.dumps(info, indent=1))
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another build of the same key finished first (a shared file system): keep that one
+            if not _complete(folder, n, S):
+                shutil.rmtree(folder, ignore_errors=True)
+                os.rename(tmp, folder)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        if memory:
+            release(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if memory:
+        _HELD[str(folder)] = _HELD.pop(str(tmp))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "TransformedSubset",
     "StoredSubset",
     "to_rgb",
+    "file_identity",
     "IMAGE_EXTENSIONS",
     "BadFiles",
 ]
@@ -80,6 +82,17 @@ class LabelledDataset(Dataset[Any]):
         """A human-readable name of the sample (file path) for error messages."""
         return f"sample {index}"
 
+    def store_identity(self) -> str | None:
+        """What this set's pixels depend on, as a string, for the key of a ``data.cache: disk`` store; ``None``: unknown.
+
+        Two sets with the same identity must hold the same pixels: a disk store built from one is
+        served for the other.  The built-in sets define it (files: path, size, times and inode;
+        arrays in memory: their bytes; subsets: the parent's identity and the indices).  A set of
+        one's own that returns ``None`` (the default) cannot be cached on disk: the data module
+        stops with a message that names this method (``data.cache: memory`` needs no key).
+        """
+        return None
+
     def __len__(self) -> int:
         return len(self.targets)
 
@@ -98,6 +111,25 @@ class TensorImageDataset(LabelledDataset):
 
     def load(self, index: int) -> torch.Tensor:
         return self.images[index]
+
+    def store_identity(self) -> str:
+        """The images' shape and a SHA-256 of their bytes (computed once)."""
+        cached = getattr(self, "_identity", None)
+        if cached is None:
+            digest = hashlib.sha256(self.images.contiguous().numpy().tobytes()).hexdigest()
+            cached = self._identity = f"tensor {tuple(self.images.shape)} sha256 {digest}"
+        return cached
+
+
+def file_identity(path: str) -> str:
+    """A file's absolute path, byte size, modification and change times and inode.
+
+    The change time (``ctime``) and the inode move whenever the file is rewritten or replaced, even
+    when the copy keeps the size and the modification time (``cp -p``, ``rsync -a``, ``tar x``), and no
+    tool can set them back; renaming a folder or ``chmod`` changes them too, which only costs a rebuild.
+    """
+    st = os.stat(path)
+    return f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
 
 
 #: what PIL raises for an unreadable or corrupt image file
@@ -129,6 +161,13 @@ class ImageFileDataset(LabelledDataset):
 
     def describe(self, index: int) -> str:
         return self.files[index]
+
+    def store_identity(self) -> str:
+        """Every file's :func:`file_identity`, in order."""
+        h = hashlib.sha256()
+        for f in self.files:
+            h.update(file_identity(f).encode() + b"\n")
+        return f"files {len(self.files)} {h.hexdigest()}"
 
     def unreadable(self) -> list[int]:
         """The indices whose file PIL cannot decode, in order.
@@ -244,6 +283,14 @@ class TransformedSubset(LabelledDataset):
     def describe(self, index: int) -> str:
         """The base set's name of sample ``index`` (its file path, or ``sample <base index>`` in memory)."""
         return self.base.describe(self.indices[index])
+
+    def store_identity(self) -> str | None:
+        """The parent's identity and the kept indices (``None`` when the parent has none)."""
+        parent = self.base.store_identity()
+        if parent is None:
+            return None
+        digest = hashlib.sha256(np.asarray(self.indices, dtype=np.int64).tobytes()).hexdigest()
+        return f"subset of [{parent}] indices {len(self.indices)} {digest}"
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from cloc_lightning.data.base import BaseDataModule
-from cloc_lightning.data.datasets import LabelledDataset, TensorImageDataset, TransformedSubset
+from cloc_lightning.data.datasets import LabelledDataset, TensorImageDataset, TransformedSubset, file_identity
 from cloc_lightning.data.errors import DataConfigError, check_val_fraction, config_errors
 from cloc_lightning.data.tables import hash_fraction, hash_split
 from cloc_lightning.data.transforms import CIFAR_MEAN, CIFAR_STD
@@ -127,6 +127,10 @@ class MemmapImageDataset(LabelledDataset):
     def describe(self, index: int) -> str:
         return f"{self.path}[{index}]"
 
+    def store_identity(self) -> str:
+        """The file's :func:`~cloc_lightning.data.datasets.file_identity` and the image side."""
+        return f"memmap {self.size} {file_identity(self.path)}"
+
     def load(self, index: int) -> torch.Tensor:
         img = np.ascontiguousarray(self._mm()[index].transpose(0, 2, 1))  # stored column-major: [3, W, H] -> [3, H, W]
         return torch.from_numpy(img)
@@ -151,6 +155,13 @@ class ConcatLabelledDataset(LabelledDataset):
     def describe(self, index: int) -> str:
         ds, i = self._locate(index)
         return ds.describe(i)
+
+    def store_identity(self) -> str | None:
+        """The parts' identities in order (``None`` when one of them has none)."""
+        parts = [p.store_identity() for p in self.parts]
+        if any(p is None for p in parts):
+            return None
+        return "concat [" + "] [".join(str(p) for p in parts) + "]"
 
 
 class _TorchvisionFilesDataModule(BaseDataModule):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from torchvision.transforms.v2 import functional as TF
 from cloc_lightning.data import CSVDataModule, ImageFolderDataModule, OrdinalShapesDataModule
 from cloc_lightning.data import cache as cache_mod
 from cloc_lightning.data.cache import StoreLayout, build_store, fit_store_size, store_image
+from cloc_lightning.data.stores import shm_root
 from cloc_lightning.data.datasets import ImageFileDataset
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
@@ -79,7 +81,8 @@ def test_memory_store_is_shared_and_equals_decoding(tmp_path: Path) -> None:
     files = _jpegs(tmp_path / "img", 12)
     ds = ImageFileDataset(files, [0] * 12)
     store = build_store(ds, StoreLayout("fit", 24), "memory", "test", progress=False)
-    assert store.images.is_shared()
+    # one file in the node's shared memory (/dev/shm), which every process maps (not a copy per process)
+    assert store.folder is not None and Path(store.folder).parent == shm_root() and Path(store.path or "").is_file()
     for i in (0, 5, 11):
         want, _, hw = store_image(ds.load(i), StoreLayout("fit", 24))
         assert torch.equal(store.images[i], want) and tuple(store.stored_hw[i]) == hw
@@ -124,13 +127,15 @@ def test_a_partial_disk_store_is_never_read(tmp_path: Path, monkeypatch: pytest.
     folder = Path(store.path).parent  # type: ignore[arg-type]
     want = store.images.clone()
     # a build killed before its rename, and a complete store whose data was cut short (e.g. a full disk)
-    (folder.parent / f"{folder.name}.partial-99999").mkdir()
+    (folder.parent / f"{folder.name}.partial-{socket.gethostname()}-{2**22 + 17}").mkdir()  # this machine, a process long gone
+    other = folder.parent / f"{folder.name}.partial-another-node-123"  # another machine's build on a shared file system
+    other.mkdir()
     with open(folder / "images.u8", "r+b") as f:
         f.truncate(100)
     calls = _count_decodes(monkeypatch)
     again = build_store(ImageFileDataset(files, [0] * 6), layout, "disk", "t", cache_dir=str(tmp_path / "c"), progress=False)
     assert len(calls) == 6 and torch.equal(again.images, want)
-    assert not list(folder.parent.glob("*.partial-*"))
+    assert list(folder.parent.glob("*.partial-*")) == [other]  # ours removed, the other machine's left to it
 
 
 def _build_in_child(files: list[str], cache_dir: str, marker: str) -> None:
@@ -200,7 +205,7 @@ def test_bad_files_skip_leaves_the_file_out_of_evaluation_splits(tmp_path: Path)
 
 def test_a_store_that_does_not_fit_stops_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = _jpegs(tmp_path / "img", 4)
-    monkeypatch.setattr(cache_mod, "_free_shared_memory", lambda: 1000)
+    monkeypatch.setattr(cache_mod, "_free_shared_memory", lambda *_: 1000)
     with pytest.raises(DataConfigError, match=r"data.cache: memory: .* needs .* only .* free; set data.cache_size .* data.cache: disk"):
         build_store(ImageFileDataset(files, [0] * 4), StoreLayout("resize", 32), "memory", "the train split", progress=False)
 
