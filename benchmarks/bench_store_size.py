@@ -89,7 +89,8 @@ def gradient_energy(views: torch.Tensor, mean: tuple[float, ...], std: tuple[flo
 
 
 def _config() -> dict[str, Any]:
-    return yaml.safe_load((REPO / CONFIG).read_text())
+    cfg: dict[str, Any] = yaml.safe_load((REPO / CONFIG).read_text())
+    return cfg
 
 
 def _views_class(cfg: dict[str, Any]) -> tuple[type, dict[str, Any]]:
@@ -131,7 +132,7 @@ def _any_store_size(cls: type) -> type:
     """
     from cloc_lightning.data.cache import StoreLayout
 
-    class AnyStoreSize(cls):  # type: ignore[misc, valid-type]
+    class AnyStoreSize(cls):  # type: ignore[misc]
         def store_layout(self, split: str, base: Any) -> Any:
             if split == "train" and self.cache_size is not None:
                 return StoreLayout("fit", self.cache_size)
@@ -307,7 +308,10 @@ def run(quick: bool = False, command: str = "python -m benchmarks --only store_s
                 "store": store,
             }
         )
-        print(f"S={S!s:>4} {path:18s} {pipeline:10s} E={r['mean']:.5f} loss={r['loss_pct']:6.2f} % [{r['loss_lo']:.2f}, {r['loss_hi']:.2f}]", flush=True)
+        print(
+            f"S={S!s:>4} {path:18s} {pipeline:10s} E={r['mean']:.5f} loss={r['loss_pct']:6.2f} % [{r['loss_lo']:.2f}, {r['loss_hi']:.2f}]",
+            flush=True,
+        )
 
     for S in sizes:
         if S is None:  # the files themselves: the references
@@ -323,7 +327,7 @@ def run(quick: bool = False, command: str = "python -m benchmarks --only store_s
         for pipeline in ("resolution", "full"):
             add(S, "loader", pipeline, lo[pipeline], loader_ref[pipeline], info)
         add(S, "loader, same boxes", "resolution", boxes, boxes_ref, info)
-        if S == native_long:
+        if native_long == S:
             de, info = device_ref, info_ref
         else:
             dm = data_module(cfg, per_class, cache="memory", cache_size=S, augment_on="device")
@@ -374,11 +378,11 @@ def _size_label(S: int | None, data: dict[str, Any]) -> str:
     if S is None:
         return "none (the files)"
     notes = []
-    if S == data["native_long_side"]:
+    if data["native_long_side"] == S:
         notes.append("originals' size: lossless")
-    if S == data["rule_size"]:
+    if data["rule_size"] == S:
         notes.append("the rule")
-    if S < data["image_size"]:
+    if data["image_size"] > S:
         notes.append("below the view size*")
     return f"{S}" + (f" ({', '.join(notes)})" if notes else "")
 
@@ -394,7 +398,11 @@ def render(data: dict[str, Any]) -> str:
         "loss vs the path's reference, % [95 % CI]",
         "loss vs loader path on the files, %",
     ]
-    refs = {"loader": "`cache: none`", "loader, same boxes": "the same boxes on the files", "device": f"{data['native_long_side']} px store"}
+    refs = {
+        "loader": "`cache: none`",
+        "loader, same boxes": "the same boxes on the files",
+        "device": f"{data['native_long_side']} px store",
+    }
     order = {"device": 0, "loader": 1, "loader, same boxes": 2}
     table = []
     for pipeline in ("resolution", "full"):
@@ -416,7 +424,7 @@ def render(data: dict[str, Any]) -> str:
         return "-" if r is None else f"{r['loss_pct']:.1f} % [{r['loss_lo']:.1f}, {r['loss_hi']:.1f}]"
 
     summary = [
-        [f"{S} px" + (" (rule)" if S == data["rule_size"] else ""), pick(S, "device"), pick(S, "loader"), pick(S, "loader, same boxes")]
+        [f"{S} px" + (" (rule)" if data["rule_size"] == S else ""), pick(S, "device"), pick(S, "loader"), pick(S, "loader, same boxes")]
         for S in sorted({r["S"] for r in data["rows"] if r["S"] is not None and r["S"] != data["native_long_side"]}, reverse=True)
     ]
     return "\n".join(

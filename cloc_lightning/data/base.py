@@ -346,11 +346,21 @@ class BaseDataModule(DataSeedMixin, L.LightningDataModule):
         """
         if self.cache == "none" and self.augment_on == "loader":
             return base
-        layout = self.store_layout(split, base)
+        # the training split's evaluation copy may be asked for by one process alone (a probe): no collective then
+        group = StoreGroup() if split == "train_eval" else StoreGroup.of_trainer(self.trainer)
+        layout, problem = None, None
+        if group.rank == 0:  # read the files' sizes once; every process stores with rank 0's layout
+            try:
+                layout = None if split == "train_eval" else self.store_layout(split, base)
+            except DataConfigError as e:
+                problem = str(e)
+        layout, problem = group.broadcast((layout, problem))
+        if problem is not None:
+            raise DataConfigError(problem)
+        layout = layout or StoreLayout("resize", self.image_size)
         if self.cache == "none" or not decode:
             return OnTheFlyStore(base, layout)
         what = f"the {split} split of {type(self).__name__}"
-        group = StoreGroup.of_trainer(self.trainer)
         if self.cache == "memory" and self._store_token is None:  # the run's name for its memory stores, rank 0's on every process
             self._store_token = group.broadcast(uuid.uuid4().hex)
         store = build_store(

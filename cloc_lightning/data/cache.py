@@ -279,6 +279,9 @@ def native_sizes(base: LabelledDataset, sample: int = 256) -> tuple[int | None, 
     n = len(base)
     if n == 0:
         return None, 1.0
+    if isinstance(base, TensorImageDataset):  # one size for all: no image read
+        h, w = (int(v) for v in base.images.shape[-2:])
+        return max(h, w), min(h, w) / max(h, w)
     picks = sorted({int(i * n / min(n, sample)) for i in range(min(n, sample))})
     sizes: list[tuple[int, int]] = []
     for i in picks:
