@@ -108,13 +108,13 @@ def test_a_resume_under_another_run_seed_continues_the_checkpoints_data(tmp_path
     assert_same(resumed.state_dict(), full.state_dict(), "state_dict")
 
 
-def _cli_fit(tmp_path: Path, name: str, seed: str) -> Path:
+def _cli_fit(tmp_path: Path, name: str, seed: str, *extra: str) -> Path:
     args = [
         "fit", "--config", "configs/ce/demo.yaml", "--seed_everything", seed, "--model.backbone", "test_resnet",
         "--data.train_size", "24", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8", "--data.num_workers", "0",
         "--trainer.max_epochs", "1", "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
         "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path), "--trainer.logger.name", name,
-        "--trainer.callbacks", "[]", "--test_after_fit", "false",
+        "--trainer.callbacks", "[]", "--test_after_fit", "false", *extra,
     ]  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -130,3 +130,13 @@ def test_the_cli_records_the_seed_in_use_with_seed_everything_true(tmp_path: Pat
     record = yaml.safe_load((run / "data.json").read_text())
     assert isinstance(drawn, int) and record["seed"] == drawn and record["seed_from"] == "seed_everything"
     assert record["source"].startswith("OrdinalShapesDataModule(") and record["stores"] == []
+
+
+def test_the_run_folder_records_the_stores_key_and_source(tmp_path: Path) -> None:
+    run = _cli_fit(tmp_path, "disk", "4", "--data.cache", "disk", "--data.cache_dir", str(tmp_path / "stores"))
+    record = yaml.safe_load((run / "data.json").read_text())
+    assert record["seed"] == 4 and record["cache"] == "disk"
+    assert [s["split"] for s in record["stores"]] == ["train", "val", "test"]
+    for store in record["stores"]:
+        assert (tmp_path / "stores" / store["key"]).is_dir() and store["folder"] == str(tmp_path / "stores" / store["key"])
+        assert store["source"].startswith("OrdinalShapesDataModule(") and store["layout"].startswith("32x32 px")

@@ -102,3 +102,39 @@ def test_config_with_the_gpu_override_set(
     losses: dict[str, float] = result.get("train_losses", {})
     assert losses and all(math.isfinite(v) for v in losses.values()), losses
     assert not syncs, f"{config} on the device path: {len(syncs)} host sync(s) in the step"
+
+
+def test_the_run_seed_reaches_the_device_views_and_the_store_is_the_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49 on the GPU: ``data.seed: null`` follows ``seed_everything`` on the device path (sync-free), and
+    ``data.cache: memory`` is one file in the node's shared memory that a pinned loader reads."""
+    import os
+
+    import lightning as L
+
+    from cloc_lightning.data.stores import shm_root
+
+    monkeypatch.setenv("CLOC_SHM_DIR", str(tmp_path / "shm"))
+    device = torch.device("cuda" if CUDA else "cpu")
+
+    def views(seed: int) -> torch.Tensor:
+        os.environ.pop("PL_GLOBAL_SEED", None)
+        L.seed_everything(seed, verbose=False)
+        dm = _module(train_views=SupConViews())
+        assert dm.train_seed == seed and Path(dm._stored["train"].folder or "").parent == shm_root()
+        batch = next(iter(dm.train_dataloader()))
+        moved = {
+            k: ({n: t.to(device, non_blocking=True) for n, t in v.items()} if isinstance(v, dict) else v.to(device, non_blocking=True))
+            for k, v in batch.items()
+        }
+        if CUDA:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = dm.on_after_batch_transfer(moved, 0)[0]
+        finally:
+            if CUDA:
+                torch.cuda.set_sync_debug_mode(0)
+        return torch.cat(out).float().cpu()
+
+    a, b, a2 = views(1), views(2), views(1)
+    assert torch.equal(a, a2) and not torch.equal(a, b)
