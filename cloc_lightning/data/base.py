@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -31,14 +30,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout, build_store, fit_store_size, native_sizes
-from cloc_lightning.data.seeding import DataSeedMixin
-from cloc_lightning.data.stores import StoreGroup
+from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout
 from cloc_lightning.data.datasets import BadFiles, ImageFileDataset, LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
 from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
 from cloc_lightning.data.predict import read_predict_root
+from cloc_lightning.data.seeding import DataSeedMixin
+from cloc_lightning.data.store_setup import StoreMixin
 from cloc_lightning.data.tables import hash_fraction
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
@@ -93,7 +92,7 @@ def _auto_workers() -> int:
     return min(8, max(0, cpus - 1))
 
 
-class BaseDataModule(DataSeedMixin, L.LightningDataModule):
+class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
     """Base of every data module: loaders, transforms, multi-view hook, subsampling.
 
     Subclasses implement :meth:`build_base_sets` (and set ``num_classes`` /
@@ -307,82 +306,6 @@ class BaseDataModule(DataSeedMixin, L.LightningDataModule):
         if self.train_views is not None:
             return self.train_views.device_specs(self.image_size)
         return train_view_specs(self.image_size, self.augment, self.rrc_scale)
-
-    def store_layout(self, split: str, base: LabelledDataset) -> StoreLayout:
-        """How ``split``'s images are stored (the rule in :mod:`cloc_lightning.data.cache`).
-
-        Evaluation splits and the resize-first training pipelines: resized to ``image_size``;
-        RandomResizedCrop pipelines: the aspect kept, the long side ``cache_size`` or
-        :func:`~cloc_lightning.data.cache.fit_store_size` of the views and the originals' sizes.
-        """
-        if split != "train":
-            return StoreLayout("resize", self.image_size)
-        specs = self.train_view_specs()
-        if all(spec.crop == "rrc" for spec in specs):
-            long, aspect = native_sizes(base)
-            crops = [(spec.size, spec.scale[0], min(spec.ratio[0], 1 / spec.ratio[1])) for spec in specs]
-            rule = fit_store_size(crops, long, aspect)
-            if self.cache_size is None:
-                return StoreLayout("fit", rule)
-            largest = max(spec.size for spec in specs)
-            if self.cache_size < largest:
-                raise DataConfigError(
-                    f"data.cache_size={self.cache_size} is below the largest training view ({largest} px): every crop would be "
-                    f"enlarged from fewer pixels than it shows; set data.cache_size to at least {rule} (the stored-size rule) or null"
-                )
-            if self.cache_size < rule:
-                rank_zero_warn(
-                    f"data.cache_size={self.cache_size} is below the stored-size rule's {rule} px for these views: the smallest crops "
-                    f"come from fewer pixels than they show, so the training views are blurrier than without a cache "
-                    f"(docs/data.md, the stored size); set data.cache_size: null (or {rule}) to keep them sharp"
-                )
-            return StoreLayout("fit", self.cache_size)
-        return StoreLayout("resize", self.image_size)
-
-    def _store(self, split: str, base: LabelledDataset, decode: bool = True) -> LabelledDataset:
-        """``base`` decoded once (``cache`` memory/disk), laid out per item (``augment_on: device`` alone), or as it is.
-
-        ``decode=False``: never decoded ahead (the training split of a validate/test/predict run).
-        """
-        if self.cache == "none" and self.augment_on == "loader":
-            return base
-        # the training split's evaluation copy may be asked for by one process alone (a probe): no collective then
-        group = StoreGroup() if split == "train_eval" else StoreGroup.of_trainer(self.trainer)
-        layout, problem = None, None
-        if group.rank == 0:  # read the files' sizes once; every process stores with rank 0's layout
-            try:
-                layout = None if split == "train_eval" else self.store_layout(split, base)
-            except DataConfigError as e:
-                problem = str(e)
-        layout, problem = group.broadcast((layout, problem))
-        if problem is not None:
-            raise DataConfigError(problem)
-        layout = layout or StoreLayout("resize", self.image_size)
-        if self.cache == "none" or not decode:
-            return OnTheFlyStore(base, layout)
-        what = f"the {split} split of {type(self).__name__}"
-        if self.cache == "memory" and self._store_token is None:  # the run's name for its memory stores, rank 0's on every process
-            self._store_token = group.broadcast(uuid.uuid4().hex)
-        store = build_store(
-            base,
-            layout,
-            self.cache,
-            what,
-            bad_files=self.bad_files,
-            cache_dir=self.cache_dir,
-            progress=self._is_rank_zero(),
-            group=group,
-            token=self._store_token,
-            source=self.data_source(),
-        )
-        self.store_records.append(
-            {"split": split, "kind": self.cache, "key": store.key, "folder": store.folder, "layout": layout.describe(), "source": self.data_source()}
-        )
-        return store
-
-    def _is_rank_zero(self) -> bool:
-        trainer = self.trainer
-        return trainer is None or bool(getattr(trainer, "is_global_zero", True))
 
     def device_augment(self) -> DeviceAugment:
         """The batched training pipeline (built once; ``augment_on: device``)."""

@@ -78,7 +78,6 @@ __all__ = [
     "OnTheFlyStore",
     "store_image",
     "build_store",
-    "default_cache_dir",
     "store_key",
     "fit_store_size",
     "native_sizes",
@@ -517,16 +516,21 @@ def _check_disk(root: Path, what: str, nbytes: int, fix: str, cache_dir: str | N
         there = stores_summary(cache_dir)
         raise DataConfigError(
             f"data.cache: disk: {what} needs {_gb(nbytes)} in {str(root)!r}, which has {_gb(free)} free; "
-            f"set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}" + (f". {there}" if there else "")
+            f"set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}"
+            + (f". {there}" if there else "")
         )
 
 
-def _process_store(base: LabelledDataset, layout: StoreLayout, what: str, bad_files: str, progress: bool, nbytes: int, fix: str) -> StoredImages:
+def _process_store(
+    base: LabelledDataset, layout: StoreLayout, what: str, bad_files: str, progress: bool, nbytes: int, fix: str
+) -> StoredImages:
     """A store in this process's own shared memory (where there is no ``/dev/shm`` to share between processes)."""
     n, S = len(base), layout.size
     free = _available_memory()
     if free is not None and nbytes > 0.9 * free:
-        raise DataConfigError(f"data.cache: memory: {what} needs {_gb(nbytes)} ({n} images at {layout.describe()}), but only {_gb(free)} of RAM is free; {fix}")
+        raise DataConfigError(
+            f"data.cache: memory: {what} needs {_gb(nbytes)} ({n} images at {layout.describe()}), but only {_gb(free)} of RAM is free; {fix}"
+        )
     rank_zero_info(f"data.cache: memory: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} of shared memory")
     images = torch.empty((n, 3, S, S), dtype=torch.uint8)
     if nbytes:
@@ -570,6 +574,7 @@ def _build_folder(
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "info.json").write_text(json.dumps(info, indent=1))
+        renamed = True
         try:
             os.rename(tmp, folder)
         except OSError:  # another build of the same key finished first (a shared file system): keep that one
@@ -577,6 +582,7 @@ def _build_folder(
                 shutil.rmtree(folder, ignore_errors=True)
                 os.rename(tmp, folder)
             else:
+                renamed = False
                 shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         if memory:
@@ -584,4 +590,9 @@ def _build_folder(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if memory:
-        _HELD[str(folder)] = _HELD.pop(str(tmp))
+        held = _HELD.pop(str(tmp))
+        if renamed:  # the lock taken on the partial folder's file is the store's (the same file)
+            _HELD[str(folder)] = held
+        else:
+            held.close()
+            hold(folder)

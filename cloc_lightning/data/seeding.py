@@ -30,7 +30,6 @@ class DataSeedMixin:
 
     seed: int | None
     _run_seed: int | None
-    trainer: Any
 
     @property
     def train_seed(self) -> int:
@@ -53,7 +52,9 @@ class DataSeedMixin:
         if self._run_seed is None:
             env = os.environ.get("PL_GLOBAL_SEED")
             local = int(env) if env not in (None, "") else None
-            seed, origin = StoreGroup.of_trainer(self.trainer).broadcast((local, "seed_everything" if local is not None else "default"))
+            seed, origin = StoreGroup.of_trainer(getattr(self, "trainer", None)).broadcast(
+                (local, "seed_everything" if local is not None else "default")
+            )
             self._run_seed = 0 if seed is None else int(seed)
             self._seed_origin = origin
             rank_zero_info(

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloc_lightning.data.errors import DataConfigError
+
 __all__ = [
     "StoreGroup",
     "default_cache_dir",
@@ -118,8 +120,6 @@ class StoreGroup:
 
     def agree(self, problem: str | None) -> None:
         """A barrier at which every process learns the first problem any of them met, and raises it."""
-        from cloc_lightning.data.errors import DataConfigError
-
         problems = [p for p in self.gather(problem) if p]
         if problems:
             raise DataConfigError(problems[0])
@@ -352,7 +352,9 @@ def remove_stores(
     stores = list_stores(cache_dir)
     unknown = wanted - {s["key"] for s in stores}
     if unknown:
-        raise ValueError(f"no store {sorted(unknown)} in {cache_dir or default_cache_dir()!r} or {shm_root()}; `cloc-lightning cache list` shows them")
+        raise ValueError(
+            f"no store {sorted(unknown)} in {cache_dir or default_cache_dir()!r} or {shm_root()}; `cloc-lightning cache list` shows them"
+        )
     cutoff = None if older_than_days is None else time.time() - 86400 * older_than_days
     removed = []
     for s in stores:
@@ -376,11 +378,20 @@ def cache_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     sub = parser.add_subparsers(dest="action", required=True)
     for name, text in (("list", "list the stores: key, kind, size, last use, what each was built from"), ("remove", "remove stores")):
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--cache_dir", default=None, help="the disk stores' folder (default: $CLOC_CACHE_DIR or ~/.cache/cloc_lightning/images)")
+        p.add_argument(
+            "--cache_dir", default=None, help="the disk stores' folder (default: $CLOC_CACHE_DIR or ~/.cache/cloc_lightning/images)"
+        )
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name == "remove":
             p.add_argument("keys", nargs="*", help="keys of the stores to remove (from `cloc-lightning cache list`)")
-            p.add_argument("--older-than", dest="older_than", type=float, default=None, metavar="DAYS", help="remove stores last used more than DAYS ago")
+            p.add_argument(
+                "--older-than",
+                dest="older_than",
+                type=float,
+                default=None,
+                metavar="DAYS",
+                help="remove stores last used more than DAYS ago",
+            )
             p.add_argument("--all", dest="everything", action="store_true", help="remove every store not in use")
     args = parser.parse_args(argv)
     if args.action == "list":
@@ -391,10 +402,14 @@ def cache_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(json.dumps(stores, indent=1))
         return stores
     verb = "removed" if args.action == "remove" else "found"
-    print(f"{len(stores)} store(s) {verb}, {_human(sum(s['bytes'] for s in stores))} in all (disk: {args.cache_dir or default_cache_dir()}; memory: {shm_root()})")
+    print(
+        f"{len(stores)} store(s) {verb}, {_human(sum(s['bytes'] for s in stores))} in all (disk: {args.cache_dir or default_cache_dir()}; memory: {shm_root()})"
+    )
     for s in stores:
         state = "" if s["complete"] else " (incomplete)"
         use = " in use" if s["in_use"] else ""
         shape = f"{s.get('n')} images at {s.get('size')} px ({s.get('mode')})" if s.get("n") is not None else "?"
-        print(f"  {s['kind']:6} {s['key']}  {_human(s['bytes']):>9}  used {_age(s['last_used'])}{use}{state}  {shape}  from {s.get('source') or '?'}")
+        print(
+            f"  {s['kind']:6} {s['key']}  {_human(s['bytes']):>9}  used {_age(s['last_used'])}{use}{state}  {shape}  from {s.get('source') or '?'}"
+        )
     return stores

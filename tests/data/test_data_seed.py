@@ -6,6 +6,7 @@ training order and the same augmentations, on both paths, so "3 seeds" varied on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -96,10 +97,8 @@ def test_a_resume_under_another_run_seed_continues_the_checkpoints_data(tmp_path
         trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=None, limit_val_batches=0, callbacks=cbs, enable_checkpointing=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            try:
+            with contextlib.suppress(Killed):
                 trainer.fit(model, dm, ckpt_path=ckpt)
-            except Killed:
-                pass
         return model
 
     full = run("full", 5)

@@ -30,9 +30,9 @@ from torchvision.transforms.v2 import functional as TF
 from cloc_lightning.data import CSVDataModule, ImageFolderDataModule, OrdinalShapesDataModule
 from cloc_lightning.data import cache as cache_mod
 from cloc_lightning.data.cache import StoreLayout, build_store, fit_store_size, store_image
-from cloc_lightning.data.stores import shm_root
 from cloc_lightning.data.datasets import ImageFileDataset
 from cloc_lightning.data.errors import DataConfigError
+from cloc_lightning.data.stores import shm_root
 from cloc_lightning.data.transforms import MultiCropViews, SupConViews, ViewTransform
 from tests._reliability import SMALL, assert_same, fit_stopped_and_resumed
 from tests.conftest import cpu_trainer

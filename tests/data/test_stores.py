@@ -199,7 +199,16 @@ def test_stores_are_listed_with_size_source_and_last_use_and_removed(
 
     _jpegs(tmp_path / "img", 24)
     for size in (16, 20):
-        _setup(ImageFolderDataModule(str(tmp_path / "img"), split_fractions=(0.5, 0.25, 0.25), image_size=size, cache="disk", cache_dir=str(tmp_path / "c"), **QUIET))
+        _setup(
+            ImageFolderDataModule(
+                str(tmp_path / "img"),
+                split_fractions=(0.5, 0.25, 0.25),
+                image_size=size,
+                cache="disk",
+                cache_dir=str(tmp_path / "c"),
+                **QUIET,
+            )
+        )
     stores = [s for s in list_stores(str(tmp_path / "c"), memory=False)]
     assert len(stores) == 6 and all(s["complete"] and s["bytes"] > 0 for s in stores)
     assert all(s["source"].startswith(f"ImageFolderDataModule(root={tmp_path / 'img'}") for s in stores)
@@ -222,7 +231,11 @@ def test_out_of_space_names_the_stores_already_there(tmp_path: Path, monkeypatch
     from tests.data.test_device_path import _jpegs
 
     files = _jpegs(tmp_path / "img", 24)
-    _setup(ImageFolderDataModule(str(tmp_path / "img"), split_fractions=(0.5, 0.25, 0.25), image_size=16, cache="disk", cache_dir=str(tmp_path / "c"), **QUIET))
+    _setup(
+        ImageFolderDataModule(
+            str(tmp_path / "img"), split_fractions=(0.5, 0.25, 0.25), image_size=16, cache="disk", cache_dir=str(tmp_path / "c"), **QUIET
+        )
+    )
 
     class Tiny:
         free = 1000
@@ -231,7 +244,9 @@ def test_out_of_space_names_the_stores_already_there(tmp_path: Path, monkeypatch
     from cloc_lightning.data.datasets import ImageFileDataset
 
     with pytest.raises(DataConfigError, match=r"3 store\(s\) there take .*ImageFolderDataModule.*cloc-lightning cache remove --older-than"):
-        build_store(ImageFileDataset(files, [0] * 24), StoreLayout("resize", 32), "disk", "t", cache_dir=str(tmp_path / "c"), progress=False)
+        build_store(
+            ImageFileDataset(files, [0] * 24), StoreLayout("resize", 32), "disk", "t", cache_dir=str(tmp_path / "c"), progress=False
+        )
 
 
 def test_the_docs_point_at_no_file_outside_the_repository() -> None:

@@ -46,7 +46,9 @@ def _rank(rank: int, world: int, cache: str, shm: str, cache_dir: str) -> dict[s
     os.environ["CLOC_SHM_DIR"] = shm
     os.environ["PL_GLOBAL_SEED"] = str(100 + rank)
     before = _du(shm) if os.path.isdir(shm) else 0
-    dm = CountedShapes(num_classes=3, image_size=32, batch_size=4, num_workers=0, cache=cache, cache_dir=cache_dir, augment="rrc_flip", **SIZES)
+    dm = CountedShapes(
+        num_classes=3, image_size=32, batch_size=4, num_workers=0, cache=cache, cache_dir=cache_dir, augment="rrc_flip", **SIZES
+    )
     dm.trainer = _trainer(rank, world)
     dm.setup("fit")
     dist.barrier()

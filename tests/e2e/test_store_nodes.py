@@ -76,7 +76,9 @@ def _two_nodes(tmp: Path, cache: str, node_env: list[dict[str, str]], marker: Pa
             "--master_addr", "127.0.0.1", "--master_port", port, "-m", "cloc_lightning",
             *_args(cache, run), "--trainer.num_nodes", "2", "--trainer.devices", "1", "--trainer.strategy", "ddp",
         ]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, cwd=tmp, env=_env(marker, **node_env[node]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(cmd, cwd=tmp, env=_env(marker, **node_env[node]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-4000:]
