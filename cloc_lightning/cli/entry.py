@@ -115,7 +115,11 @@ def main(args: list[str] | None = None) -> None:
         if not argv or argv[0] != "configs":
             argv = packaged_config_fallback(argv)
         if argv and argv[0] in COMMANDS:
-            COMMANDS[argv[0]](argv[1:])
+            try:
+                COMMANDS[argv[0]](argv[1:])
+            except BrokenPipeError:  # `cloc-lightning cache list | head`: the reader left; say nothing more
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise SystemExit(1) from None
             return
         _check_no_lightning_optimizer_keys(argv)
         CLOCArgumentParser.full_errors = debug

@@ -110,6 +110,22 @@ class RunFinishedError(ValueError):
 _THREAD_CHANGES: list[tuple[int, str | None]] = []
 
 
+def draw_seed() -> int:
+    """The seed of ``seed_everything: true``: ``PL_GLOBAL_SEED`` when a launcher set it (the processes Lightning
+    starts for DDP inherit the first one's), else a random one in ``[0, 2**31)``.
+
+    LightningCLI documents ``true`` as a random seed, but Lightning 2.6's ``seed_everything(None)`` takes 0 when
+    ``PL_GLOBAL_SEED`` is unset, so every ``true`` run would be seed 0's.  The seed drawn is written into the
+    run's ``config.yaml`` (LightningCLI records the resolved ``seed_everything``).
+    """
+    env = os.environ.get("PL_GLOBAL_SEED")
+    if env not in (None, ""):
+        return int(str(env))
+    import random
+
+    return random.SystemRandom().randrange(0, 2**31)
+
+
 class CLOCLightningCLI(LightningCLI):
     """LightningCLI with ``test_after_fit``, exact ``--ckpt_path last`` resume into the same run folder,
     checkpoint/config checks, a prediction writer for ``predict`` and the extra sub-commands in ``--help``."""
@@ -190,6 +206,14 @@ class CLOCLightningCLI(LightningCLI):
         return self.config[self.subcommand] if self.subcommand else self.config
 
     # ------------------------------------------------------------------ parsing
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """LightningCLI's parsing, with ``seed_everything: true`` drawing a seed (:func:`draw_seed`)."""
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        cfg = self.config[sub] if sub else self.config
+        if cfg.get("seed_everything") is True:
+            cfg["seed_everything"] = draw_seed()
+
     def _parse_ckpt_path(self) -> None:
         """Refuse a ``--ckpt_path`` of another module class or backbone before Lightning adopts its hyper-parameters.
 

@@ -53,6 +53,19 @@ class RunConfigSaver(SaveConfigCallback):
         self.resuming = False
         #: the file written (rank 0), for messages and tests
         self.written: str | None = None
+        #: the data module's record (``data.json``) written beside it (rank 0)
+        self.data_written: str | None = None
+
+    def _write_data(self, record: dict[str, Any]) -> None:
+        assert self.data_written is not None
+        with get_filesystem(self.data_written).open(self.data_written, "w") as f:
+            json.dump(record, f, indent=1)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Write ``data.json`` again once a resumed fit has restored the checkpoint (its data seed wins over the run's)."""
+        record = data_record(trainer)
+        if trainer.is_global_zero and record is not None and self.data_written is not None:
+            self._write_data(record)
 
     def record_name(self, log_dir: str, stage: str) -> str:
         """The file this run writes in ``log_dir`` (raises :class:`RunFolderInUseError` for a fresh fit into another run's folder)."""
@@ -95,8 +108,8 @@ class RunConfigSaver(SaveConfigCallback):
             self.parser.save(self.config, self.written, skip_none=False, overwrite=False, multifile=self.multifile)
             if record is not None:  # config.yaml -> data.json, config.resume-1.yaml -> data.resume-1.json
                 stem = os.path.splitext(name)[0].replace(os.path.splitext(self.config_filename)[0], "data", 1)
-                with get_filesystem(log_dir).open(os.path.join(log_dir, f"{stem}.json"), "w") as f:
-                    json.dump(record, f, indent=1)
+                self.data_written = os.path.join(log_dir, f"{stem}.json")
+                self._write_data(record)
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)

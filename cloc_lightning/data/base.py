@@ -37,6 +37,7 @@ from cloc_lightning.data.errors import DataConfigError, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
 from cloc_lightning.data.predict import read_predict_root
 from cloc_lightning.data.seeding import DataSeedMixin
+from cloc_lightning.data.store_setup import READS as _READS
 from cloc_lightning.data.store_setup import StoreMixin
 from cloc_lightning.data.tables import hash_fraction
 from cloc_lightning.data.transforms import (
@@ -225,6 +226,11 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
             rank_zero_warn(
                 f"data.rrc_scale={list(self.rrc_scale)} has no effect: it is the crop of the single-view augment: rrc_flip, but {why}",
             )
+        if cache_size is not None and cache == "none" and augment_on == "loader":
+            rank_zero_warn(
+                f"data.cache_size={cache_size} has no effect: nothing is stored with data.cache: none and data.augment_on: loader; "
+                "set data.cache: memory or disk, or remove data.cache_size"
+            )
         self.train_views = train_views
         self.mean = tuple(mean) if mean is not None else self.default_mean
         self.std = tuple(std) if std is not None else self.default_std
@@ -246,6 +252,7 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
         self.store_records: list[dict[str, Any]] = []
         self._stored: dict[str, LabelledDataset] = {}
         self._device_sets: dict[str, StoredSubset] = {}
+        self._lazy: set[str] = set()
         self.class_names: list[str] = []
         self._base: dict[str, LabelledDataset] | None = None
         self.train_set: TransformedSubset | None = None
@@ -445,9 +452,10 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
         if self.train_set is None:
             if self.augment_on == "device":
                 self.device_augment()  # a pipeline without a device form fails here, before any decoding
-            # a validate/test/predict run reads no training image: its training split is not decoded ahead
-            lazy = {"train"} if stage in ("validate", "test", "predict") else set()
-            stored = self._stored = {split: self._store(split, ds, decode=split not in lazy) for split, ds in base.items()}
+            # a split this stage does not read is not decoded ahead (fit: the test split; test: the training split);
+            # a later stage that reads it decodes it then (_store_later)
+            self._lazy = {split for split in ("train", "val", "test") if split not in _READS.get(stage or "", _READS[""])}
+            stored = self._stored = {split: self._store(split, ds, decode=split not in self._lazy) for split, ds in base.items()}
             indices = self.train_indices(train.targets, keys)
             self.train_set = TransformedSubset(stored["train"], indices, self.train_image_transform(), seed=self.train_seed)
             readable = {split: self._readable(stored[split], split) for split in ("val", "test")}
@@ -459,6 +467,8 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
                     "val": StoredSubset(stored["val"], readable["val"], train=False),
                     "test": StoredSubset(stored["test"], readable["test"], train=False),
                 }
+        else:
+            self._store_later(stage, base)
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}.get(
             stage or "fit", ["train", "val", "test"]
         )

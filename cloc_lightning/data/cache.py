@@ -447,11 +447,12 @@ def build_store(
                         _build_folder(base, layout, folder, what, bad_files, progress, source, memory=True)
             except DataConfigError as e:
                 problem = str(e)
+            finally:
+                with contextlib.suppress(OSError):
+                    (root / f"{key}.lock").unlink()
         group.agree(problem)
         hold(folder)
-        with contextlib.suppress(OSError):
-            (root / f"{key}.lock").unlink()
-        store = _open(base, layout, folder, what)
+        store = _open(base, layout, folder, what, bad_files)
         weakref.finalize(store, release, folder)
         return store
     if cache != "disk":
@@ -463,13 +464,14 @@ def build_store(
     def ensure() -> str | None:
         try:
             if not _complete(folder, n, S):
-                rank_zero_info(
-                    f"data.cache: disk: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} in {str(folder)!r} "
-                    "(one process builds it, the others wait; later runs reuse it)"
-                )
-                with locked(root / f"{key}.lock"):
+                waiting = f"data.cache: disk: another process is building the store of {what} in {str(folder)!r}; waiting for it"
+                with locked(root / f"{key}.lock", waiting):
                     if not _complete(folder, n, S):
                         _check_disk(root, what, nbytes, fix, cache_dir)
+                        rank_zero_info(
+                            f"data.cache: disk: decoding {what} once: {n} images at {layout.describe()}, {_gb(nbytes)} in "
+                            f"{str(folder)!r} (the run's other processes wait; later runs reuse it)"
+                        )
                         _build_folder(base, layout, folder, what, bad_files, progress, source, memory=False)
         except DataConfigError as e:
             return str(e)
@@ -486,12 +488,22 @@ def build_store(
         )
     with contextlib.suppress(OSError):
         (folder / "last_used").touch()
-    return _open(base, layout, folder, what)
+    hold(folder, keep=True)  # `cloc-lightning cache remove` leaves it alone while this process runs
+    store = _open(base, layout, folder, what, bad_files)
+    weakref.finalize(store, release, folder)
+    return store
 
 
-def _open(base: LabelledDataset, layout: StoreLayout, folder: Path, what: str) -> StoredImages:
+def _open(base: LabelledDataset, layout: StoreLayout, folder: Path, what: str, bad_files: str) -> StoredImages:
     meta = np.load(folder / "meta.npz")
-    store = StoredImages(base, layout, None, meta["native"], meta["stored"], meta["ok"], path=str(folder / "images.u8"))
+    ok = meta["ok"]
+    if bad_files == "raise" and not ok.all():  # built by a run with bad_files: skip, which left them out
+        bad = [base.describe(int(i)) for i in np.nonzero(~ok)[0][:3]]
+        raise DataConfigError(
+            f"cannot read image {bad[0]!r} (the store of {what} in {str(folder)!r}, built with data.bad_files: skip, "
+            f"holds {int((~ok).sum())} unreadable image(s): {bad}); fix or remove the file, or set data.bad_files: skip"
+        )
+    store = StoredImages(base, layout, None, meta["native"], meta["stored"], ok, path=str(folder / "images.u8"))
     store.key, store.folder = folder.name, str(folder)
     return store
 
@@ -511,12 +523,13 @@ def _check_memory(root: Path, what: str, n: int, layout: StoreLayout, nbytes: in
 
 def _check_disk(root: Path, what: str, nbytes: int, fix: str, cache_dir: str | None) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
-    if nbytes > free - (1 << 28):
+    usage = shutil.disk_usage(root)
+    keep = min(1 << 28, int(0.05 * getattr(usage, "total", 0)))  # left free for everything else: 256 MB, or 5 % of a small disk
+    if nbytes > usage.free - keep:
         there = stores_summary(cache_dir)
         raise DataConfigError(
-            f"data.cache: disk: {what} needs {_gb(nbytes)} in {str(root)!r}, which has {_gb(free)} free; "
-            f"set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}"
+            f"data.cache: disk: {what} needs {_gb(nbytes)} in {str(root)!r} (and {_gb(keep)} left free), which has "
+            f"{_gb(usage.free)} free; set data.cache_dir to a larger disk, {fix.replace('data.cache: disk (memory-mapped), ', '')}"
             + (f". {there}" if there else "")
         )
 
@@ -545,7 +558,7 @@ def _build_folder(
 ) -> None:
     """Decode ``base`` into a folder of its own, renamed to ``folder`` when complete (a partial store is never read)."""
     root = folder.parent
-    remove_dead_partials(root, folder.name)
+    remove_dead_partials(root)  # every key's builds killed on this machine
     n, S = len(base), layout.size
     tmp = root / partial_name(folder.name)
     tmp.mkdir(parents=True)  # raw bytes (not .npy), so that any tool can map them

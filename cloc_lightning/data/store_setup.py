@@ -9,16 +9,25 @@ keeping a record of each store for the run folder.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.cache import OnTheFlyStore, StoreLayout, build_store, fit_store_size, native_sizes
-from cloc_lightning.data.datasets import LabelledDataset
+from cloc_lightning.data.datasets import LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.stores import StoreGroup
 
-__all__ = ["StoreMixin"]
+__all__ = ["StoreMixin", "READS"]
+
+#: the splits each stage reads ('': every split); the others are decoded when a later stage reads them
+READS: dict[str, set[str]] = {
+    "fit": {"train", "val"},
+    "validate": {"val"},
+    "test": {"test"},
+    "predict": {"test"},
+    "": {"train", "val", "test"},
+}
 
 
 class StoreMixin:
@@ -32,12 +41,20 @@ class StoreMixin:
     bad_files: Any
     _store_token: str | None
     store_records: list[dict[str, Any]]
+    _lazy: set[str]
+    _stored: dict[str, LabelledDataset]
+    _device_sets: dict[str, StoredSubset]
+    train_set: TransformedSubset | None
 
-    def train_view_specs(self) -> list[Any]:  # defined by the data module
-        raise NotImplementedError
+    if TYPE_CHECKING:  # defined by the data module and DataSeedMixin
 
-    def data_source(self) -> str:  # defined by DataSeedMixin
-        raise NotImplementedError
+        def train_view_specs(self) -> list[Any]: ...
+        def data_source(self) -> str: ...
+        def _readable(self, ds: LabelledDataset, split: str) -> list[int] | None: ...
+        def train_image_transform(self) -> Any: ...
+        def eval_image_transform(self) -> Any: ...
+        @property
+        def train_seed(self) -> int: ...
 
     def store_layout(self, split: str, base: LabelledDataset) -> StoreLayout:
         """How ``split``'s images are stored (the rule in :mod:`cloc_lightning.data.cache`).
@@ -64,10 +81,21 @@ class StoreMixin:
             if self.cache_size < rule:
                 rank_zero_warn(
                     f"data.cache_size={self.cache_size} is below the stored-size rule's {rule} px for these views: the smallest crops "
-                    f"come from fewer pixels than they show, so the training views are blurrier than without a cache "
-                    f"(docs/data.md, the stored size); set data.cache_size: null (or {rule}) to keep them sharp"
+                    f"come from fewer pixels than they show, so the training views are blurrier than those made from the original "
+                    f"files (docs/data.md, the stored size); set data.cache_size: null (or {rule}) to keep them sharp"
+                )
+            elif long is not None and self.cache_size > max(long, largest):
+                rank_zero_warn(
+                    f"data.cache_size={self.cache_size} is above the originals' long side ({long} px, the 95th percentile): images are "
+                    f"never enlarged, so the store takes {(self.cache_size / long) ** 2:.1f}x the memory of a {long} px store for the same "
+                    f"pixels; set data.cache_size: {long} (the originals, bit-identical views) or null (the rule's {rule} px)"
                 )
             return StoreLayout("fit", self.cache_size)
+        if self.cache_size is not None:
+            rank_zero_warn(
+                f"data.cache_size={self.cache_size} has no effect: the training pipeline starts with a fixed resize (augment: "
+                f"{getattr(self, 'augment', '?')}), so every split is stored at image_size={self.image_size}; remove data.cache_size"
+            )
         return StoreLayout("resize", self.image_size)
 
     def _store(self, split: str, base: LabelledDataset, decode: bool = True) -> LabelledDataset:
@@ -121,3 +149,22 @@ class StoreMixin:
     def _is_rank_zero(self) -> bool:
         trainer = getattr(self, "trainer", None)
         return trainer is None or bool(getattr(trainer, "is_global_zero", True))
+
+    def _store_later(self, stage: str | None, base: dict[str, LabelledDataset]) -> None:
+        """Decode the splits that an earlier stage left undecoded and this one reads (test after fit)."""
+        later = sorted(self._lazy & READS.get(stage or "", READS[""]))
+        if self.cache == "none" or not later:
+            return
+        self._lazy -= set(later)
+        for split in later:
+            stored = self._stored[split] = self._store(split, base[split])
+            if split == "train":
+                assert self.train_set is not None
+                self.train_set = TransformedSubset(stored, self.train_set.indices, self.train_image_transform(), seed=self.train_seed)
+                subset = StoredSubset(stored, self.train_set.indices, seed=self.train_seed, train=True)
+            else:
+                readable = self._readable(stored, split)
+                setattr(self, f"{split}_set", TransformedSubset(stored, readable, self.eval_image_transform()))
+                subset = StoredSubset(stored, readable, train=False)
+            if self.augment_on == "device":
+                self._device_sets[split] = subset

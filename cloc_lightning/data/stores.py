@@ -31,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 import socket
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloc_lightning._logging import print_line
 from cloc_lightning.data.errors import DataConfigError
 
 __all__ = [
@@ -129,11 +131,16 @@ class StoreGroup:
 # locks, folders, users
 # ----------------------------------------------------------------------------
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``: other processes of this machine building the same store wait here."""
+def locked(path: Path, waiting: str | None = None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``: other processes of this machine building the same store wait here (saying ``waiting``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            if waiting:
+                print_line(None, waiting)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -155,8 +162,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_dead_partials(root: Path, key: str) -> None:
-    """Remove this machine's unfinished builds of ``key`` whose process is gone (another machine's are left alone)."""
+def remove_dead_partials(root: Path, key: str = "*") -> None:
+    """Remove this machine's unfinished builds (of ``key``; default every key) whose process is gone (another machine's are left alone)."""
     host = socket.gethostname()
     for stale in root.glob(f"{key}.partial-*"):
         tail = stale.name.split(".partial-", 1)[1]
@@ -169,14 +176,24 @@ def remove_dead_partials(root: Path, key: str) -> None:
 _HELD: dict[str, Any] = {}
 
 
-def hold(folder: Path) -> None:
-    """Mark ``folder`` (a memory store) as mapped by this process until :func:`release` or the process's end."""
+#: the held folders that are disk stores (kept when their last user leaves)
+_KEEP: set[str] = set()
+
+
+def hold(folder: Path, keep: bool = False) -> None:
+    """Mark ``folder`` as mapped by this process until :func:`release` or the process's end.
+
+    A memory store (``keep`` false) is removed by its last user; a disk store (``keep``) stays, but
+    ``cloc-lightning cache remove`` leaves it alone while anyone holds it.
+    """
     key = str(folder)
     if key in _HELD:
         return
     f = open(folder / USERS, "a+")  # noqa: SIM115 - held open on purpose: the lock lives with the file
     fcntl.flock(f.fileno(), fcntl.LOCK_SH)
     _HELD[key] = f
+    if keep:
+        _KEEP.add(key)
     if len(_HELD) == 1:
         import atexit
 
@@ -184,13 +201,17 @@ def hold(folder: Path) -> None:
 
 
 def release(folder: Path) -> bool:
-    """Stop holding ``folder``; remove it when no other process maps it.  Returns whether it was removed.
+    """Stop holding ``folder``; remove it (a memory store) when no other process maps it.  Returns whether it was removed.
 
     Loader workers forked from this process share its open file, so a store stays while they live.
     """
-    f = _HELD.pop(str(folder), None)
+    key = str(folder)
+    f = _HELD.pop(key, None)
     if f is not None:
         f.close()  # closing (not LOCK_UN) keeps the lock of forked children that share the file
+    if key in _KEEP:
+        _KEEP.discard(key)
+        return False
     return _remove_if_unused(folder)
 
 
@@ -230,10 +251,11 @@ def in_use(folder: Path) -> bool:
         return False
 
 
-def sweep_unused(root: Path, min_age_s: float = 60.0) -> list[str]:
+def sweep_unused(root: Path, min_age_s: float = 5.0) -> list[str]:
     """Remove memory stores (and unfinished builds) in ``root`` that no live process maps; return their names.
 
-    Folders younger than ``min_age_s`` are left alone (a build that has not taken its lock yet).
+    Folders younger than ``min_age_s`` are left alone: a build takes its lock within microseconds of
+    making its folder, so only that moment is protected, and a run killed a few seconds ago is swept.
     """
     removed: list[str] = []
     if not root.is_dir():
@@ -275,8 +297,8 @@ def list_stores(cache_dir: str | None = None, memory: bool = True) -> list[dict[
     """Every store in ``cache_dir`` (default :func:`default_cache_dir`) and, with ``memory``, in :func:`shm_root`.
 
     One dict per store: ``kind`` (``disk``/``memory``), ``key``, ``path``, ``bytes``, ``last_used``
-    (seconds since the epoch), ``complete``, ``in_use`` (memory stores) and what ``info.json`` says it
-    was built from (``source``, ``what``, ``n``, ``size``, ``mode``, ``format``).
+    (seconds since the epoch), ``complete``, ``in_use`` (a process of this machine maps it) and what
+    ``info.json`` says it was built from (``source``, ``what``, ``n``, ``size``, ``mode``, ``format``).
     """
     roots: list[tuple[str, Path]] = [("disk", Path(os.path.expanduser(cache_dir or default_cache_dir())))]
     shm = shm_root() if memory else None
@@ -294,12 +316,12 @@ def list_stores(cache_dir: str | None = None, memory: bool = True) -> list[dict[
                 info = json.loads((folder / "info.json").read_text())
             entry = {
                 "kind": kind,
+                "in_use": in_use(folder),
                 "key": folder.name,
                 "path": str(folder),
                 "bytes": _size_of(folder),
                 "last_used": _last_used(folder),
                 "complete": bool(info.get("complete")) and ".partial-" not in folder.name,
-                "in_use": in_use(folder) if kind == "memory" else None,
             }
             entry.update({k: info.get(k) for k in ("source", "what", "n", "size", "mode", "format")})
             out.append(entry)
@@ -348,6 +370,8 @@ def remove_stores(
     """
     if not keys and older_than_days is None and not everything:
         raise ValueError("say which stores to remove: their keys, --older-than DAYS or --all")
+    if older_than_days is not None and not (older_than_days >= 0 and math.isfinite(older_than_days)):
+        raise ValueError(f"--older-than must be a number of days >= 0, got {older_than_days}")
     wanted = set(keys or [])
     stores = list_stores(cache_dir)
     unknown = wanted - {s["key"] for s in stores}
@@ -362,10 +386,12 @@ def remove_stores(
         if not chosen or s["in_use"]:
             continue
         shutil.rmtree(s["path"], ignore_errors=True)
-        lock = Path(s["path"]).parent / f"{s['key']}.lock"
-        with contextlib.suppress(OSError):
-            lock.unlink()
         removed.append(s)
+    for root in {Path(s["path"]).parent for s in stores}:  # the build locks of stores no longer there
+        for lock in root.glob("*.lock"):
+            if not (root / lock.stem).exists():
+                with contextlib.suppress(OSError):
+                    lock.unlink()
     return removed
 
 
@@ -399,17 +425,19 @@ def cache_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     else:
         stores = remove_stores(args.cache_dir, args.keys, args.older_than, args.everything)
     if args.json:
-        print(json.dumps(stores, indent=1))
+        print_line(None, json.dumps(stores, indent=1))
         return stores
     verb = "removed" if args.action == "remove" else "found"
-    print(
-        f"{len(stores)} store(s) {verb}, {_human(sum(s['bytes'] for s in stores))} in all (disk: {args.cache_dir or default_cache_dir()}; memory: {shm_root()})"
+    print_line(
+        None,
+        f"{len(stores)} store(s) {verb}, {_human(sum(s['bytes'] for s in stores))} in all (disk: {args.cache_dir or default_cache_dir()}; memory: {shm_root()})",
     )
     for s in stores:
         state = "" if s["complete"] else " (incomplete)"
         use = " in use" if s["in_use"] else ""
         shape = f"{s.get('n')} images at {s.get('size')} px ({s.get('mode')})" if s.get("n") is not None else "?"
-        print(
-            f"  {s['kind']:6} {s['key']}  {_human(s['bytes']):>9}  used {_age(s['last_used'])}{use}{state}  {shape}  from {s.get('source') or '?'}"
+        print_line(
+            None,
+            f"  {s['kind']:6} {s['key']}  {_human(s['bytes']):>9}  used {_age(s['last_used'])}{use}{state}  {shape}  from {s.get('source') or '?'}",
         )
     return stores

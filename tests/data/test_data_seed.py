@@ -121,21 +121,37 @@ def _cli_fit(tmp_path: Path, name: str, seed: str, *extra: str) -> Path:
     return tmp_path / name / "version_0"
 
 
-def test_the_cli_records_the_seed_in_use_with_seed_everything_true(tmp_path: Path) -> None:
-    """``--seed_everything true`` draws a seed; config.yaml keeps it (LightningCLI) and data.json the data seed it gave."""
+def test_the_cli_records_the_seed_in_use_with_seed_everything_true(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--seed_everything true`` draws a seed (Lightning 2.6 alone takes 0); config.yaml keeps it and data.json the data seed."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    drawn = []
+    for name in ("random1", "random2"):
+        os.environ.pop("PL_GLOBAL_SEED", None)
+        run = _cli_fit(tmp_path, name, "true")
+        seed = yaml.safe_load((run / "config.yaml").read_text())["seed_everything"]
+        record = yaml.safe_load((run / "data.json").read_text())
+        assert isinstance(seed, int) and record["seed"] == seed and record["seed_from"] == "seed_everything"
+        assert record["source"].startswith("OrdinalShapesDataModule(") and record["stores"] == []
+        drawn.append(seed)
+    assert drawn[0] != drawn[1]  # two draws in [0, 2**31): equal once in two billion (was 0 and 0)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "77")  # what Lightning's DDP launcher hands its other processes
+    run = _cli_fit(tmp_path, "inherited", "true")
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed_everything"] == 77
+
+
+def test_a_resumed_run_records_the_checkpoints_data_seed(tmp_path: Path) -> None:
     os.environ.pop("PL_GLOBAL_SEED", None)
-    run = _cli_fit(tmp_path, "random", "true")
-    drawn = yaml.safe_load((run / "config.yaml").read_text())["seed_everything"]
-    record = yaml.safe_load((run / "data.json").read_text())
-    assert isinstance(drawn, int) and record["seed"] == drawn and record["seed_from"] == "seed_everything"
-    assert record["source"].startswith("OrdinalShapesDataModule(") and record["stores"] == []
+    run = _cli_fit(tmp_path, "resumed", "4")
+    _cli_fit(tmp_path, "resumed", "9", "--ckpt_path", str(next(run.rglob("last*.ckpt"))), "--trainer.max_epochs", "2")
+    record = yaml.safe_load((run / "data.resume-1.json").read_text())
+    assert record["seed"] == 4 and record["seed_from"] == "checkpoint"  # was the new run's 9, written before the restore
 
 
 def test_the_run_folder_records_the_stores_key_and_source(tmp_path: Path) -> None:
     run = _cli_fit(tmp_path, "disk", "4", "--data.cache", "disk", "--data.cache_dir", str(tmp_path / "stores"))
     record = yaml.safe_load((run / "data.json").read_text())
     assert record["seed"] == 4 and record["cache"] == "disk"
-    assert [s["split"] for s in record["stores"]] == ["train", "val", "test"]
+    assert [s["split"] for s in record["stores"]] == ["train", "val"]  # a fit does not decode the test split
     for store in record["stores"]:
         assert (tmp_path / "stores" / store["key"]).is_dir() and store["folder"] == str(tmp_path / "stores" / store["key"])
         assert store["source"].startswith("OrdinalShapesDataModule(") and store["layout"].startswith("32x32 px")

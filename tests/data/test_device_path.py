@@ -211,6 +211,7 @@ def test_a_store_that_does_not_fit_stops_with_the_fix(tmp_path: Path, monkeypatc
 
     class Tiny:
         free = 1000
+        total = 10**12
 
     monkeypatch.setattr(cache_mod.shutil, "disk_usage", lambda _: Tiny())
     with pytest.raises(DataConfigError, match=r"data.cache: disk: .* needs .* which has .* free; set data.cache_dir to a larger disk"):
@@ -355,7 +356,7 @@ def test_a_test_run_decodes_no_training_image(monkeypatch: pytest.MonkeyPatch) -
         built.append(what)
         return real(base, layout, cache, what, **kw)
 
-    monkeypatch.setattr("cloc_lightning.data.base.build_store", recording)
+    monkeypatch.setattr("cloc_lightning.data.store_setup.build_store", recording)
     dm = OrdinalShapesDataModule(num_classes=3, train_size=24, val_size=8, test_size=8, batch_size=4, num_workers=0, cache="memory")
     dm.setup("test")
     assert [w.split()[1] for w in built] == ["val", "test"]

@@ -152,13 +152,13 @@ def test_a_store_below_the_rule_warns_and_below_the_views_is_refused(tmp_path: P
     dm = OrdinalShapesDataModule(**kw)
     rule = dm.store_layout("train", dm._ensure_base()["train"]).size
     assert rule == 32  # 32 px originals: the rule is capped at their own size
-    small = OrdinalShapesDataModule(cache_size=24, **kw)
+    small = OrdinalShapesDataModule(cache_size=24, cache="memory", **kw)
     with pytest.raises(DataConfigError, match=r"data.cache_size=24 is below the largest training view \(32 px\).*at least 32"):
         small.store_layout("train", small._ensure_base()["train"])
     from tests.data.test_device_path import _jpegs
 
     _jpegs(Path(tmp_path) / "faces", 6, size=(200, 200))
-    faces: dict[str, Any] = dict(image_size=64, train_views=SupConViews(), split_fractions=(0.5, 0.25, 0.25), **QUIET)
+    faces: dict[str, Any] = dict(image_size=64, train_views=SupConViews(), split_fractions=(0.5, 0.25, 0.25), cache="memory", **QUIET)
     big = ImageFolderDataModule(str(tmp_path / "faces"), cache_size=72, **faces)
     with pytest.warns(UserWarning, match=r"data.cache_size=72 is below the stored-size rule's 166 px.*blurrier.*data.cache_size: null"):
         assert big.store_layout("train", big._ensure_base()["train"]) == StoreLayout("fit", 72)
@@ -210,17 +210,17 @@ def test_stores_are_listed_with_size_source_and_last_use_and_removed(
             )
         )
     stores = [s for s in list_stores(str(tmp_path / "c"), memory=False)]
-    assert len(stores) == 6 and all(s["complete"] and s["bytes"] > 0 for s in stores)
+    assert len(stores) == 4 and all(s["complete"] and s["bytes"] > 0 for s in stores)
     assert all(s["source"].startswith(f"ImageFolderDataModule(root={tmp_path / 'img'}") for s in stores)
     cli_main(["cache", "list", "--cache_dir", str(tmp_path / "c")])
     out = capsys.readouterr().out
-    assert "6 store(s) found" in out and "ImageFolderDataModule(root=" in out and "used 0 min ago" in out
+    assert "4 store(s) found" in out and "ImageFolderDataModule(root=" in out and "used 0 min ago" in out
     old = stores[0]
     past = time.time() - 10 * 86400
     os.utime(Path(old["path"]) / "last_used", (past, past))
     assert [s["key"] for s in remove_stores(str(tmp_path / "c"), older_than_days=5)] == [old["key"]]
     cli_main(["cache", "remove", stores[1]["key"], "--cache_dir", str(tmp_path / "c")])
-    assert len(list_stores(str(tmp_path / "c"), memory=False)) == 4
+    assert len(list_stores(str(tmp_path / "c"), memory=False)) == 2
     with pytest.raises(ValueError, match="say which stores"):
         remove_stores(str(tmp_path / "c"))
     with pytest.raises(ValueError, match=r"no store \['nope'\]"):
@@ -239,11 +239,12 @@ def test_out_of_space_names_the_stores_already_there(tmp_path: Path, monkeypatch
 
     class Tiny:
         free = 1000
+        total = 10**12
 
     monkeypatch.setattr(cache_mod.shutil, "disk_usage", lambda _: Tiny())
     from cloc_lightning.data.datasets import ImageFileDataset
 
-    with pytest.raises(DataConfigError, match=r"3 store\(s\) there take .*ImageFolderDataModule.*cloc-lightning cache remove --older-than"):
+    with pytest.raises(DataConfigError, match=r"2 store\(s\) there take .*ImageFolderDataModule.*cloc-lightning cache remove --older-than"):
         build_store(
             ImageFileDataset(files, [0] * 24), StoreLayout("resize", 32), "disk", "t", cache_dir=str(tmp_path / "c"), progress=False
         )
@@ -274,3 +275,91 @@ def test_a_memory_store_lives_while_a_process_maps_it(tmp_path: Path, monkeypatc
     assert sweep_unused(folder.parent, min_age_s=0) == ["orphan"]
     hold(tmp_path)  # holding needs a users file: created on first hold
     assert release(tmp_path) is True or not tmp_path.exists()
+
+
+@pytest.mark.parametrize("augment_on", ["loader", "device"])
+def test_a_fit_decodes_no_test_image_and_a_later_test_stores_it(augment_on: str, tmp_path: Path) -> None:
+    from cloc_lightning.data.cache import OnTheFlyStore
+
+    kw: dict[str, Any] = dict(num_classes=3, train_size=12, val_size=6, test_size=6, augment_on=augment_on, **QUIET)
+    dm = _setup(OrdinalShapesDataModule(cache="disk", cache_dir=str(tmp_path), **kw), "fit")
+    assert isinstance(dm._stored["test"], OnTheFlyStore) and [r["split"] for r in dm.store_records] == ["train", "val"]
+    _setup(dm, "test")
+    assert isinstance(dm._stored["test"], StoredImages) and [r["split"] for r in dm.store_records] == ["train", "val", "test"]
+    plain = _setup(OrdinalShapesDataModule(**kw), "test")
+    a = [dm.on_after_batch_transfer(b, 0)[0] for b in dm.test_dataloader()]
+    b = [plain.on_after_batch_transfer(b, 0)[0] for b in plain.test_dataloader()]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_cache_size_where_it_does_nothing_or_wastes_memory_warns(tmp_path: Path) -> None:
+    from tests.data.test_device_path import _jpegs
+
+    with pytest.warns(UserWarning, match=r"data.cache_size=64 has no effect: nothing is stored with data.cache: none"):
+        OrdinalShapesDataModule(cache_size=64)
+    flip = OrdinalShapesDataModule(num_classes=3, train_size=12, val_size=6, test_size=6, augment="flip", cache="memory", cache_size=64)
+    with pytest.warns(
+        UserWarning, match=r"data.cache_size=64 has no effect: the training pipeline starts with a fixed resize \(augment: flip\)"
+    ):
+        flip.store_layout("train", flip._ensure_base()["train"])
+    _jpegs(tmp_path / "faces", 6, size=(200, 200))
+    big = ImageFolderDataModule(
+        str(tmp_path / "faces"),
+        image_size=64,
+        train_views=SupConViews(),
+        split_fractions=(0.5, 0.25, 0.25),
+        cache_size=400,
+        cache="memory",
+        **QUIET,
+    )
+    with pytest.warns(UserWarning, match=r"data.cache_size=400 is above the originals' long side \(200 px.*4.0x the memory"):
+        big.store_layout("train", big._ensure_base()["train"])
+
+
+def test_a_store_built_under_bad_files_skip_is_refused_under_raise(tmp_path: Path) -> None:
+    from tests.data.test_device_path import _jpegs
+
+    files = _jpegs(tmp_path / "img", 24)
+    Path(files[3]).write_bytes(Path(files[3]).read_bytes()[:60])  # truncated
+    kw: dict[str, Any] = dict(split_fractions=(0.5, 0.25, 0.25), image_size=16, cache="disk", cache_dir=str(tmp_path / "c"), **QUIET)
+    _setup(ImageFolderDataModule(str(tmp_path / "img"), bad_files="skip", **kw))
+    with pytest.raises(DataConfigError, match=r"cannot read image .*03.*built with data.bad_files: skip.*set data.bad_files: skip"):
+        _setup(ImageFolderDataModule(str(tmp_path / "img"), **kw))
+
+
+def test_disk_stores_in_use_are_not_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOC_SHM_DIR", str(tmp_path / "shm"))
+    dm = _setup(
+        OrdinalShapesDataModule(num_classes=3, train_size=12, val_size=6, test_size=6, cache="disk", cache_dir=str(tmp_path / "c"), **QUIET)
+    )
+    assert all(s["in_use"] for s in list_stores(str(tmp_path / "c")))
+    assert remove_stores(str(tmp_path / "c"), everything=True) == []
+    for split in ("train", "val"):
+        release(Path(dm._stored[split].folder or ""))
+    assert len(remove_stores(str(tmp_path / "c"), everything=True)) == 2 and not list((tmp_path / "c").glob("*.lock"))
+    with pytest.raises(ValueError, match="--older-than must be a number of days >= 0"):
+        remove_stores(str(tmp_path / "c"), older_than_days=-1)
+
+
+def _build_and_die(shm: str) -> None:
+    import signal
+
+    os.environ["CLOC_SHM_DIR"] = shm
+    store = build_store(_OwnSet(), StoreLayout("resize", 8), "memory", "t", progress=False, token="killed")
+    assert store.folder is not None  # still mapped when the kill comes
+    os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no release: as `kill -9` leaves it
+
+
+def test_a_memory_store_of_a_killed_run_is_swept_by_the_next_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing as mp
+
+    monkeypatch.setenv("CLOC_SHM_DIR", str(tmp_path / "shm"))
+    child = mp.get_context("fork").Process(target=_build_and_die, args=(str(tmp_path / "shm"),))
+    child.start()
+    child.join(60)
+    left = [p for p in (tmp_path / "shm").iterdir() if p.is_dir()]
+    assert child.exitcode == -9 and len(left) == 1 and not list(tmp_path.joinpath("shm").glob("*.lock"))
+    past = time.time() - 6  # the sweep spares folders younger than 5 s (a build taking its lock)
+    os.utime(left[0], (past, past))
+    store = build_store(_OwnSet(), StoreLayout("resize", 8), "memory", "t", progress=False, token="next")
+    assert not left[0].exists() and Path(store.folder or "").is_dir()  # was left for 60 s after the kill
