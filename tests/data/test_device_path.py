@@ -359,7 +359,7 @@ def test_a_test_run_decodes_no_training_image(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("cloc_lightning.data.store_setup.build_store", recording)
     dm = OrdinalShapesDataModule(num_classes=3, train_size=24, val_size=8, test_size=8, batch_size=4, num_workers=0, cache="memory")
     dm.setup("test")
-    assert [w.split()[1] for w in built] == ["val", "test"]
+    assert [w.split()[1] for w in built] == ["test"]  # nor a validation image
     assert len(dm.on_after_batch_transfer(next(iter(dm.test_dataloader())), 0)[1]) == 4
 
 

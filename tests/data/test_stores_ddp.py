@@ -51,6 +51,7 @@ def _rank(rank: int, world: int, cache: str, shm: str, cache_dir: str) -> dict[s
     )
     dm.trainer = _trainer(rank, world)
     dm.setup("fit")
+    dm.setup("test")  # the test split, which a fit does not decode, stored together by both processes too
     dist.barrier()
     stores = {split: dm._stored[split] for split in ("train", "val", "test")}
     out = {
