@@ -11,9 +11,21 @@ import os
 import sys
 
 
+def import_from_working_folder() -> None:
+    """Put the working folder first on ``sys.path``, as ``python -m cloc_lightning`` does.
+
+    The installed command's ``sys.path`` starts with the folder of its script (the environment's
+    ``bin/``), so ``--model my_pkg.models.MyModule`` of a project folder would not import without it.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``cloc-lightning``: the ``configs`` command directly, everything else through the CLI."""
     argv = sys.argv[1:] if args is None else list(args)
+    import_from_working_folder()
     if argv[:1] == ["configs"]:
         from cloc_lightning._logging import debug_requested, exit_with_error
         from cloc_lightning.configs import configs_main

@@ -216,7 +216,12 @@ def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
         sub = re.search(r'Parser key "([^"]+)":\s*(.*)', inner)
         if sub:
             return f"--{key}.{sub.group(1)}: {_plain_type_error(sub.group(2))} ({cls_name})"
-        return f"--{key} ({cls_name}): {inner}"
+        unimportable = class_path_problem(key, class_path, inner)
+        return unimportable or f"--{key} ({cls_name}): {inner}"
+    m = re.search(r'Parser key "([^"]+)":.*?Expected a dot import path string: (\S+)', text)
+    base = re.search(r"Subtypes: \[<class '([^']+)'>", text)
+    if m and base:
+        return unknown_class_name(m.group(1), m.group(2), base.group(1))
     m = re.search(r"Unrecognized arguments: (.*)", text, flags=re.IGNORECASE)
     if m:
         first = m.group(1).split()[0]
@@ -233,6 +238,62 @@ def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
     if m and "Does not validate against any of the Union subtypes" not in m.group(2):
         return f"--{m.group(1)}: {_plain_type_error(m.group(2))}"
     return lines[0] if lines else message
+
+
+def unknown_class_name(key: str, given: str, base: str) -> str:
+    """One line for ``--model CEModul``: no class of that name, the near ones among the imported subclasses of ``base``."""
+    names: set[str] = set()
+    root = import_class(base)
+    todo: list[type] = [root] if root is not None else []
+    seen: set[type] = set()
+    while todo:
+        cls = todo.pop()
+        subs: list[type] = type.__subclasses__(cls)
+        for sub in subs:
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+                if not sub.__name__.startswith("_"):
+                    names.add(sub.__name__)
+    starts = sorted(n for n in names if n.lower().startswith(given.lower()))
+    near = f"; did you mean {' or '.join(starts[:3])}?" if starts else _nearest(given, names)
+    known = f"; known: {', '.join(sorted(names)[:12])}{' ...' if len(names) > 12 else ''}" if names and not near else ""
+    return f"--{key} {given}: no class of that name{near}{known} (a class of your own: its full dotted path, package.module.Class)"
+
+
+def class_path_problem(key: str, class_path: str, inner: str) -> str | None:
+    """One line for a class path that does not import: the module not found (where it was looked for, the fix), or
+    a module without that class (its file, the near names); ``None`` for other problems.
+    """
+    import importlib
+    import os
+
+    cwd = os.getcwd()
+    missing = re.search(r"No module named '([^']+)'", inner)
+    if missing:
+        module = missing.group(1)
+        top = module.split(".", 1)[0]
+        return (
+            f"--{key} {class_path}: no module named '{module}', looked for from {cwd} (the working folder) and the Python "
+            f"path; run the command in the folder that holds {top}/, add that folder to PYTHONPATH, or install your package "
+            f"(pip install -e .)"
+        )
+    attr = re.search(r"module '([^']+)' has no attribute '([^']+)'", inner)
+    if not attr:
+        return None
+    module, name = attr.group(1), attr.group(2)
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - only the message's detail depends on it
+        return None
+    if name == class_path.rsplit(".", 1)[-1]:
+        where = getattr(mod, "__file__", None) or module
+        names = [n for n in dir(mod) if not n.startswith("_") and isinstance(getattr(mod, n, None), type)]
+        return f"--{key} {class_path}: module '{module}' ({where}) has no class '{name}'{_nearest(name, names)}"
+    return (
+        f"--{key} {class_path}: module '{module}' has no submodule or attribute '{name}' (looked for from {cwd}); check "
+        "the dotted path: package.module.Class"
+    )
 
 
 def _plain_type_error(text: str) -> str:

@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.csv_table import CSVDataModule
+from cloc_lightning.data.datasets import ImageFileDataset, LabelledDataset, TensorImageDataset, TransformedSubset, file_identity
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.folder import ImageFolderDataModule
 from cloc_lightning.data.synthetic import OrdinalShapesDataModule, make_ordinal_shapes
@@ -28,6 +29,8 @@ __all__ = [
     "parse_utkface_name",
 ]
 __all__ += ["CIFAR10DataModule", "CIFAR100DataModule", "STL10DataModule"]
+# what build_base_sets returns (the data-module contract, docs/extending.md)
+__all__ += ["LabelledDataset", "ImageFileDataset", "TensorImageDataset", "TransformedSubset", "file_identity"]
 
 if TYPE_CHECKING:  # mypy checks that every data module provides what a model reads of it
     from cloc_lightning.data_contract import DataContract

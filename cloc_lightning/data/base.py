@@ -96,8 +96,10 @@ def _auto_workers() -> int:
 class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
     """Base of every data module: loaders, transforms, multi-view hook, subsampling.
 
-    Subclasses implement :meth:`build_base_sets` (and set ``num_classes`` /
-    ``class_names``); everything else is shared.
+    Subclasses implement :meth:`build_base_sets`, which sets ``self.class_names`` (one name per class,
+    rank 0 first; ``num_classes`` is its length and cannot be set) and returns the three base sets
+    (:class:`~cloc_lightning.data.datasets.LabelledDataset` s such as ``ImageFileDataset`` or
+    ``TensorImageDataset``, exported by :mod:`cloc_lightning.data`); everything else is shared.
 
     The training set draws the augmentation of sample ``i`` in epoch ``e`` from
     ``(seed, e, i)`` alone (:class:`TransformedSubset`), so a fit killed and resumed with
@@ -272,6 +274,13 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
             self.class_names = self.discover_class_names()
         self._check_class_count()
         return len(self.class_names)
+
+    @num_classes.setter
+    def num_classes(self, value: Any) -> None:
+        raise DataConfigError(
+            f"{type(self).__name__}: num_classes cannot be set (it is len(class_names)); set self.class_names to one name per "
+            "class, rank 0 first, in build_base_sets or discover_class_names"
+        )
 
     def class_source(self) -> str:
         """Where the classes were found, for the message of too few classes (e.g. ``" in '<root>/train'"``; default empty)."""
