@@ -38,7 +38,6 @@ hyper-parameters of the whole constructor chain, calls :meth:`BaseModule.prepare
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -640,11 +639,3 @@ class BaseModule(L.LightningModule):
                 "{class_path: cloc_lightning.data.SupConViews, init_args: {n_views: 2}}"
             )
         return x, y
-
-
-def __getattr__(name: str) -> Any:
-    """``from cloc_lightning.methods.base import ClassifierModule`` (its home before it moved to
-    :mod:`cloc_lightning.methods.classifier`) keeps working: resolved on first use, so this base imports no subclass."""
-    if name == "ClassifierModule":
-        return importlib.import_module("cloc_lightning.methods.classifier").ClassifierModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
