@@ -47,6 +47,18 @@ def _module(**kw: Any) -> OrdinalShapesDataModule:
     return dm
 
 
+def _moved(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A training batch copied to ``device`` (non-blocking); on CUDA, synchronised and then in sync-error mode until reset."""
+    moved = {
+        k: ({n: t.to(device, non_blocking=True) for n, t in v.items()} if isinstance(v, dict) else v.to(device, non_blocking=True))
+        for k, v in batch.items()
+    }
+    if CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    return moved
+
+
 @pytest.mark.parametrize("views", ["supcon", "multicrop", "rrc_flip", "crop_flip"])
 def test_device_stage_is_sync_free_and_equals_the_cpu(views: str) -> None:
     kw: dict[str, Any] = {
@@ -58,13 +70,7 @@ def test_device_stage_is_sync_free_and_equals_the_cpu(views: str) -> None:
     dm = _module(**kw)
     raw = next(iter(dm.train_dataloader()))
     device = torch.device("cuda" if CUDA else "cpu")
-    moved = {
-        k: ({n: t.to(device, non_blocking=True) for n, t in v.items()} if isinstance(v, dict) else v.to(device, non_blocking=True))
-        for k, v in raw.items()
-    }
-    if CUDA:
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
+    moved = _moved(raw, device)
     try:
         views_dev, _ = dm.on_after_batch_transfer(moved, 0)
         val = next(iter(dm.val_dataloader()))
@@ -122,13 +128,7 @@ def test_the_run_seed_reaches_the_device_views_and_the_store_is_the_nodes(tmp_pa
         dm = _module(train_views=SupConViews())
         assert dm.train_seed == seed and Path(dm._stored["train"].folder or "").parent == shm_root()
         batch = next(iter(dm.train_dataloader()))
-        moved = {
-            k: ({n: t.to(device, non_blocking=True) for n, t in v.items()} if isinstance(v, dict) else v.to(device, non_blocking=True))
-            for k, v in batch.items()
-        }
-        if CUDA:
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
+        moved = _moved(batch, device)
         try:
             out = dm.on_after_batch_transfer(moved, 0)[0]
         finally:
