@@ -40,8 +40,18 @@ class CEModule(ClassifierModule):
         self.criterion = self.build_loss()
 
     def build_loss(self) -> nn.Module:
-        """The training loss on ``(logits, labels)``."""
+        """The loss on ``(logits [B, C] float32, labels [B])``: the one hook a new supervised loss overrides.
+
+        Called from ``__init__`` (set the attributes it reads before ``super().__init__()``); training logs
+        it as ``train/loss``, validation and test as ``val/loss`` / ``test/loss`` (:meth:`eval_outputs`).
+        """
         return nn.CrossEntropyLoss(label_smoothing=self.hparams.label_smoothing)
+
+    def eval_outputs(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Validation and test score the logits with the training loss (:meth:`build_loss`), so ``val/loss`` is the loss trained on."""
+        logits = self(x).float()
+        loss: torch.Tensor = self.criterion(logits, y)
+        return loss, logits, {}
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.split_batch(batch, expect_views=False, owner=type(self).__name__)
