@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -177,7 +178,11 @@ def read_csv_rows(path: Path, columns: Sequence[str], *, name: str, fix: str, no
     """Read the CSV file ``path`` (a header row, then one row per line) that must have ``columns``.
 
     Column names and values are stripped of surrounding white space; a row with fewer fields
-    than the header reads '' for the rest, one with more has the extra fields ignored.
+    than the header reads '' for the rest, one with more has the extra fields ignored.  Files as
+    spreadsheets write them are read: a UTF-8 byte-order mark, CRLF line ends, ``;`` (or tab) as the
+    delimiter when the header holds more of them than commas, Excel's ``sep=;`` first line, quoted
+    fields that hold commas, and empty columns (a trailing delimiter).  Text that is not UTF-8 is
+    refused naming the byte and how to save the file as UTF-8.
 
     Args:
         path: the CSV file.
@@ -193,16 +198,32 @@ def read_csv_rows(path: Path, columns: Sequence[str], *, name: str, fix: str, no
     """
     if not path.is_file():
         raise DataConfigError(f"{name} {str(path)!r} does not exist; {fix}")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # Excel's "CSV UTF-8" starts with a byte-order mark
+    except UnicodeDecodeError as e:
+        raise DataConfigError(
+            f"{name} {str(path)!r} is not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save it as UTF-8 "
+            "(in Excel: 'CSV UTF-8 (Comma delimited)'; in LibreOffice: character set Unicode (UTF-8))"
+        ) from e
+    lines_in = text.splitlines(keepends=True)
+    skipped = 0
+    delimiter = None
+    if lines_in and lines_in[0].strip().lower().startswith("sep=") and len(lines_in[0].strip()) == 5:  # Excel's "sep=;" line
+        delimiter, skipped = lines_in[0].strip()[4], 1
+    first = next((ln for ln in lines_in[skipped:] if ln.strip()), "")
+    if delimiter is None:  # the header's own separator: ',' or, as spreadsheets of many locales write, ';' (or a tab)
+        counts = {d: first.count(d) for d in (",", ";", "\t")}
+        delimiter = max(counts, key=lambda d: (counts[d], d == ","))
+    with io.StringIO("".join(lines_in[skipped:]), newline="") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
         header = [c.strip() for c in reader.fieldnames or []]
         for column in columns:
             if column not in header:
                 raise DataConfigError(no_column.format(path=str(path), column=column, columns=header))
         rows, lines = [], []
         for row in reader:
-            rows.append({k.strip(): (v or "").strip() for k, v in row.items() if isinstance(k, str)})
-            lines.append(reader.line_num)
+            rows.append({k.strip(): (v or "").strip() for k, v in row.items() if isinstance(k, str) and k.strip()})
+            lines.append(reader.line_num + skipped)
     if not rows:
         raise DataConfigError(f"{name} {str(path)!r} has no rows" + (f"; {no_rows_fix}" if no_rows_fix else ""))
     return CSVRows(path, header, rows, lines)
