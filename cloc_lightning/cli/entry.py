@@ -55,6 +55,25 @@ def library_error(exc: BaseException) -> BaseException | None:
     return found
 
 
+def loader_worker_error(exc: BaseException) -> BaseException | None:
+    """The library's own message from inside a loader worker, which torch re-raises as "Caught X in DataLoader worker
+    process N" with the worker's whole traceback as text; ``None`` when the worker's error is not the library's."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = str(cur)
+        if text.startswith("Caught ") and "in DataLoader worker process" in text and "Original Traceback" in text:
+            frames = [ln for ln in text.splitlines() if ln.strip().startswith('File "')]
+            package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            last = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
+            kind, _, message = last.partition(": ")
+            if frames and package in frames[-1] and message and kind.split(".")[-1] in {t.__name__ for t in _USER_ERRORS}:
+                return RuntimeError(message)
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _raised_in_package(exc: BaseException) -> bool:
     tb = exc.__traceback__
     last = None
@@ -137,7 +156,7 @@ def main(args: list[str] | None = None) -> None:
         print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})", file=sys.stderr, flush=True)
         raise SystemExit(SIGTERM_EXIT_CODE) from e
     except Exception as e:  # re-raised unless it is the library's own message
-        err = None if debug else library_error(e)
+        err = None if debug else (library_error(e) or loader_worker_error(e))
         if err is None:
             raise
         exit_with_error(err)

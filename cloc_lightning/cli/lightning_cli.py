@@ -258,8 +258,8 @@ class CLOCLightningCLI(LightningCLI):
             raise
 
     def _remove_run_folder_left_empty(self, exc: BaseException) -> None:
-        """Remove the run folder this command made when it holds no result (:func:`_left_empty`) and no training
-        step was taken.  Global rank 0 only (the rank that made it), without collectives: the other ranks may be
+        """Remove the run folder this command made when it holds no result (:func:`_left_empty`: no checkpoint, at
+        whatever step it failed), and the logger's name folder above it when that is left empty.  Global rank 0 only (the rank that made it), without collectives: the other ranks may be
         failing elsewhere.  A failure inside ``ddp_spawn`` workers is left alone (their progress is not known here)."""
         import shutil
 
@@ -267,13 +267,16 @@ class CLOCLightningCLI(LightningCLI):
 
         folder, self._made_run_folder = self._made_run_folder, None
         trainer = getattr(self, "trainer", None)
-        if folder is None or trainer is None or not trainer.is_global_zero or trainer.global_step > 0:
+        if folder is None or trainer is None or not trainer.is_global_zero:
             return
         if isinstance(exc, ProcessRaisedException):
             return
         try:
-            if os.path.isdir(folder) and _left_empty(folder):
+            if os.path.isdir(folder) and _left_empty(folder):  # no checkpoint yet (the steps' logs alone are no result)
                 shutil.rmtree(folder)
+                parent = os.path.dirname(folder)
+                if os.path.isdir(parent) and not os.listdir(parent):  # the logger's name folder, made for this run alone
+                    os.rmdir(parent)
         except OSError as e:  # never hide the command's own error
             print(
                 f"cloc-lightning: could not remove the run folder {folder} that the failed command made: {e}", file=sys.stderr, flush=True

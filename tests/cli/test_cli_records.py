@@ -235,10 +235,15 @@ def test_refused_and_failed_runs_leave_no_run_folder(tmp_path: Path, monkeypatch
     with pytest.raises(OSError, match="missing.png"):
         main(["fit", *ARGS, *fail])
     assert not runs.exists() or not list(runs.iterdir())
-    # failed after a step: what it wrote stays (a record of a run that trained), and so does a folder it did not make
+    # failed after a step but before the first checkpoint (issue 51: was kept, with no checkpoint): the folder goes too
     with pytest.raises(OSError, match="missing.png"):
         main(["fit", *ARGS, *fail, "--trainer.callbacks.init_args.step", "1"])
+    assert not runs.exists() or not list(runs.iterdir())
+    # failed after the first checkpoint (epoch 1 ends at step 2): the folder and its checkpoints stay, and so does a folder it did not make
+    with pytest.raises(OSError, match="missing.png"):
+        main(["fit", *ARGS, *fail, "--trainer.callbacks.init_args.step", "3", "--trainer.max_epochs", "2"])
     assert [p.name for p in runs.iterdir()] == ["version_0"] and (runs / "version_0" / "config.yaml").is_file()
+    assert list((runs / "version_0" / "checkpoints").glob("*.ckpt"))
     (runs / "version_1").mkdir()
     (runs / "version_1" / "job.log").write_text("a job script's own log")
     with pytest.raises(OSError, match="missing.png"):

@@ -1,0 +1,47 @@
+"""A run that fails before its first checkpoint leaves no run folder, also in its first validation (issue 51, item 3),
+and an unreadable image met by a loader worker is the library's one line, not torch's re-raised worker traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloc_lightning.cli import main
+from tests.cli._tiny import png
+
+
+def _csv(folder: Path) -> Path:
+    rows = ["path,label"]
+    for i in range(24):
+        png(folder / "img" / f"{i}.png", seed=i)
+        rows.append(f"img/{i}.png,{i % 3}")
+    (folder / "img" / "0.png").write_bytes(b"not an image")
+    (folder / "data.csv").write_text("\n".join(rows) + "\n")
+    return folder / "data.csv"
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_an_unreadable_image_in_the_first_validation_is_one_line_and_leaves_no_run_folder(
+    workers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit", "--model", "CEModule", "--model.backbone", "test_resnet", "--data", "CSVDataModule", "--data.csv_path",
+        str(_csv(tmp_path)), "--data.task", "nominal", "--data.batch_size", "4", "--data.num_workers", workers,
+        "--data.split_fractions", "[0.5, 0.25, 0.25]", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1",
+        "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "runs", "--trainer.num_sanity_val_steps", "0",
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    err = lines[next(i for i, ln in enumerate(lines) if ln.startswith("cloc-lightning: error:")) :]  # after Lightning's warnings
+    assert err[0] == (
+        f"cloc-lightning: error: Cannot read image '{tmp_path / 'img' / '0.png'}' (UnidentifiedImageError: cannot identify "
+        f"image file '{tmp_path / 'img' / '0.png'}'). Fix or remove the file, or set data bad_files: skip to skip unreadable "
+        "files with a warning."
+    ), err[:3]  # was torch's "Caught RuntimeError in DataLoader worker process 0" and ~40 lines (workers: 2)
+    assert err[1:] == ["(--debug shows the traceback)"]
+    assert not list((tmp_path / "runs").rglob("*"))  # was runs/default/version_0 with config.yaml and no checkpoint
