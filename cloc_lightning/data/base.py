@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout
 from cloc_lightning.data.datasets import BadFiles, ImageFileDataset, LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
-from cloc_lightning.data.errors import DataConfigError, config_errors
+from cloc_lightning.data.errors import DataConfigError, check_base_sets, config_errors
 from cloc_lightning.data.eval_sharding import exact_eval_loader
 from cloc_lightning.data.predict import read_predict_root
 from cloc_lightning.data.seeding import DataSeedMixin
@@ -403,7 +403,7 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
 
     def _ensure_base(self) -> dict[str, LabelledDataset]:
         if self._base is None:
-            base = self.build_base_sets()
+            base = check_base_sets(type(self).__name__, self.build_base_sets())
             n_classes = len(self.class_names)
             self._check_class_count()
             for split, ds in base.items():

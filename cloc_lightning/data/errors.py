@@ -13,7 +13,7 @@ from typing import Any
 
 from cloc_lightning.validation import check_float
 
-__all__ = ["DataConfigError", "config_errors", "check_val_fraction"]
+__all__ = ["DataConfigError", "config_errors", "check_val_fraction", "check_base_sets"]
 
 
 class DataConfigError(ValueError):
@@ -70,3 +70,27 @@ def check_root_for_stage(
             f"{owner}: {root_key} is not set, so there is no training or validation data for "
             f"{stage or 'fit'}; set {root_key} ({test_key} {test_root!r} alone serves test and predict)"
         )
+
+
+def check_base_sets(owner: str, base: Any) -> Any:
+    """``base`` as ``build_base_sets`` must return it, else a :class:`DataConfigError` naming what is wrong and the fix.
+
+    The contract: a dict with the keys ``train``, ``val`` and ``test``, each a labelled dataset (a
+    ``LabelledDataset`` of :mod:`cloc_lightning.data`: ``load(i)``, ``targets``, ``len``).
+    """
+    fix = (
+        f"{owner}.build_base_sets must return {{'train': ..., 'val': ..., 'test': ...}}, each a labelled dataset such as "
+        "cloc_lightning.data.ImageFileDataset(files, labels) or TensorImageDataset(images, labels), after setting "
+        "self.class_names (docs/extending.md, the tutorial)"
+    )
+    if not isinstance(base, dict):
+        raise DataConfigError(f"{owner}.build_base_sets returned a {type(base).__name__}; {fix}")
+    missing = [k for k in ("train", "val", "test") if k not in base]
+    if missing:
+        raise DataConfigError(f"{owner}.build_base_sets returned no {missing} set(s) (keys: {sorted(map(str, base))}); {fix}")
+    for split in ("train", "val", "test"):
+        ds = base[split]
+        lacks = [a for a in ("load", "targets", "__len__") if not hasattr(ds, a)]
+        if lacks:
+            raise DataConfigError(f"{owner}.build_base_sets: the {split} set is a {type(ds).__name__} without {lacks}; {fix}")
+    return base

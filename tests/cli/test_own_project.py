@@ -130,3 +130,43 @@ def test_setting_num_classes_in_a_data_module_is_one_line(in_project: Path, caps
     assert line.endswith("MyData: num_classes cannot be set (it is len(class_names)); set self.class_names to one name per class, "
                          "rank 0 first, in build_base_sets or discover_class_names"), line  # fmt: skip
     # was: property 'num_classes' of 'MyData' object has no setter, inside ~20 lines of union errors
+
+
+BAD_SETS = """
+from typing import Any
+
+import torch
+
+from cloc_lightning.data import BaseDataModule, TensorImageDataset
+
+
+class MySets(BaseDataModule):
+    def __init__(self, kind: str = "list", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kind = kind
+
+    def build_base_sets(self):
+        self.class_names = ["a", "b"]
+        images = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
+        if self.kind == "list":
+            return [TensorImageDataset(images, [0, 1, 0, 1])] * 3
+        if self.kind == "no_val":
+            return {"train": TensorImageDataset(images, [0, 1, 0, 1]), "test": TensorImageDataset(images, [0, 1, 0, 1])}
+        return {"train": (images, [0, 1, 0, 1]), "val": None, "test": None}
+"""
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("list", "MySets.build_base_sets returned a list; MySets.build_base_sets must return {'train': ..., 'val': ..., 'test': ...}"),
+        ("no_val", "MySets.build_base_sets returned no ['val'] set(s) (keys: ['test', 'train'])"),
+        ("tuple", "MySets.build_base_sets: the train set is a tuple without ['load', 'targets']"),
+    ],
+)
+def test_a_data_module_that_breaks_the_build_base_sets_contract_is_one_line(
+    kind: str, expected: str, in_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (in_project / "my_pkg" / "sets.py").write_text(BAD_SETS)
+    line = _error(["fit", "--model", "CEModule", "--data", "my_pkg.sets.MySets", "--data.kind", kind], capsys)
+    assert expected in line and "ImageFileDataset(files, labels)" in line, line  # was an AttributeError traceback
