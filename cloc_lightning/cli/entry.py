@@ -13,7 +13,7 @@ from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
 from cloc_lightning.cli.commands import COMMANDS
 from cloc_lightning.cli.lightning_cli import _THREAD_CHANGES, TRAINER_DEFAULTS, CLOCLightningCLI
-from cloc_lightning.cli.parser import CLOCArgumentParser, _check_no_lightning_optimizer_keys
+from cloc_lightning.cli.parser import CLOCArgumentParser, _check_no_lightning_optimizer_keys, check_config_files
 from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.distributed import release_process_group
@@ -53,6 +53,43 @@ def library_error(exc: BaseException) -> BaseException | None:
             found = cur
         cur = cur.__cause__ or cur.__context__
     return found
+
+
+#: words of Lightning's messages that say which Trainer setting the machine cannot give
+_TRAINER_SETTING_WORDS = (
+    ("precision", "precision"),
+    ("strategy", "strategy"),
+    ("devices", "devices"),
+    ("device", "devices"),
+    ("num_nodes", "num_nodes"),
+    ("gpu", "accelerator"),
+    ("cuda", "accelerator"),
+    ("xla", "accelerator"),
+    ("tpu", "accelerator"),
+    ("mps", "accelerator"),
+    ("accelerator", "accelerator"),
+)
+
+
+def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException | None:
+    """One line for a Trainer setting this machine cannot run (Lightning's accelerator/strategy/precision checks while the
+    Trainer is built): the option named with the value given, Lightning's reason and the fix; ``None`` otherwise."""
+    tb = exc.__traceback__
+    files = []
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename.replace(os.sep, "/"))
+        tb = tb.tb_next
+    if not any(f.endswith("trainer/connectors/accelerator_connector.py") for f in files):
+        return None
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = reason.lower()
+    option = next((opt for word, opt in _TRAINER_SETTING_WORDS if word in low), "accelerator")
+    given = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == f"--trainer.{option}"), None)
+    shown = f"--trainer.{option} {given}" if given is not None else f"trainer.{option}"
+    return RuntimeError(
+        f"{shown}: this machine cannot run it ({reason}); choose a setting it has, e.g. --trainer.accelerator cpu "
+        "--trainer.devices 1 (docs/gpu.md lists the GPU settings)"
+    )
 
 
 def loader_worker_error(exc: BaseException) -> BaseException | None:
@@ -140,6 +177,7 @@ def main(args: list[str] | None = None) -> None:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise SystemExit(1) from None
             return
+        check_config_files(argv)
         _check_no_lightning_optimizer_keys(argv)
         CLOCArgumentParser.full_errors = debug
         if args is None:  # console use: LightningCLI reads sys.argv (warns when given both)
@@ -156,7 +194,7 @@ def main(args: list[str] | None = None) -> None:
         print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})", file=sys.stderr, flush=True)
         raise SystemExit(SIGTERM_EXIT_CODE) from e
     except Exception as e:  # re-raised unless it is the library's own message
-        err = None if debug else (library_error(e) or loader_worker_error(e))
+        err = None if debug else (library_error(e) or loader_worker_error(e) or trainer_setting_error(e, argv))
         if err is None:
             raise
         exit_with_error(err)

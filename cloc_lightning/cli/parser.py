@@ -30,6 +30,7 @@ __all__ = [
     "REQUIRED_MARK",
     "required_placeholders",
     "check_required_placeholders",
+    "check_config_files",
     "short_parse_error",
     "yaml_parse_error",
 ]
@@ -90,6 +91,29 @@ def _config_paths(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             out.append(arg.split("=", 1)[1])
     return out
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Refuse a ``--config`` file that is empty, binary or not UTF-8 text, naming the file and the fix (a ``ValueError``).
+
+    (A missing file, a folder and invalid YAML are the parser's own one-line errors.)
+    """
+    example = "a config is a YAML mapping of trainer/model/data settings (`cloc-lightning configs copy cloc/demo` writes one)"
+    for path in _config_paths(argv):
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # the parser names missing files and folders
+        if not raw.strip():
+            raise ValueError(f"--config {path}: the file is empty; {example}")
+        bad = None
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad = e.start
+        if bad is not None:  # raised outside the handler: the message is this one, not the codec's
+            raise ValueError(f"--config {path}: not a text file (byte {bad}: {raw[bad : bad + 1]!r} is not UTF-8); {example}")
 
 
 def _option_names(parser: Any) -> list[str]:
