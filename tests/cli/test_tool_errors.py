@@ -10,18 +10,9 @@ import pytest
 import torch
 
 from cloc_lightning.cli import main
+from tests.cli._tiny import CE_MODEL
 
-BASE = [
-    "fit",
-    "--model",
-    "CEModule",
-    "--model.backbone",
-    "test_resnet",
-    "--data",
-    "OrdinalShapesDataModule",
-    "--trainer.fast_dev_run",
-    "true",
-]
+BASE = ["fit", *CE_MODEL, "--data", "OrdinalShapesDataModule", "--trainer.fast_dev_run", "true"]
 
 
 def _error(args: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
