@@ -137,14 +137,20 @@ def locked(path: Path, waiting: str | None = None) -> Iterator[None]:
     with open(path, "a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            if waiting:
-                print_line(None, waiting)
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            have = True
+        except OSError as e:
+            have = e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)  # held by another process: wait for it
+            if have:
+                if waiting:
+                    print_line(None, waiting)
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            # else: no flock on this file system (some NFS mounts); a run's own processes still build in turn
+            # (StoreGroup), and each build renames a folder of its own into place
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            if have:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def partial_name(key: str) -> str:
@@ -190,7 +196,11 @@ def hold(folder: Path, keep: bool = False) -> None:
     if key in _HELD:
         return
     f = open(folder / USERS, "a+")  # noqa: SIM115 - held open on purpose: the lock lives with the file
-    fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+    except OSError:  # a file system without flock (some NFS mounts): the store is used, only not marked in use
+        f.close()
+        return
     _HELD[key] = f
     if keep:
         _KEEP.add(key)
@@ -262,6 +272,11 @@ def sweep_unused(root: Path, min_age_s: float = 5.0) -> list[str]:
         return removed
     now = time.time()
     for folder in root.iterdir():
+        if folder.suffix == ".lock" and not (root / folder.stem).exists():  # a build's lock left by a killed run
+            with contextlib.suppress(OSError):
+                if now - folder.stat().st_mtime >= min_age_s:
+                    folder.unlink()
+            continue
         if not folder.is_dir():
             continue
         try:

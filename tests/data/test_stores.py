@@ -363,3 +363,24 @@ def test_a_memory_store_of_a_killed_run_is_swept_by_the_next_build(tmp_path: Pat
     os.utime(left[0], (past, past))
     store = build_store(_OwnSet(), StoreLayout("resize", 8), "memory", "t", progress=False, token="next")
     assert not left[0].exists() and Path(store.folder or "").is_dir()  # was left for 60 s after the kill
+
+
+def test_a_file_system_without_flock_still_builds_and_serves_disk_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some NFS mounts answer flock with ENOLCK: a run still builds (its processes take turns by rank) and maps its store."""
+    import errno
+    import fcntl
+
+    from cloc_lightning.data import stores
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(stores.fcntl, "flock", no_flock)
+    assert fcntl.flock is no_flock  # the module the stores use
+    dm = _setup(
+        OrdinalShapesDataModule(num_classes=3, train_size=12, val_size=6, test_size=6, cache="disk", cache_dir=str(tmp_path), **QUIET)
+    )
+    again = _setup(
+        OrdinalShapesDataModule(num_classes=3, train_size=12, val_size=6, test_size=6, cache="disk", cache_dir=str(tmp_path), **QUIET)
+    )
+    assert torch.equal(_train_pixels(dm), _train_pixels(again)) and dm._stored["train"].key == again._stored["train"].key
