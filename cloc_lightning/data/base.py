@@ -138,7 +138,7 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
         few_shot: keep at most this many training images per class (the first ones
             in a fixed hash order, so the subset is the same for every seed).
         train_fraction: keep this fraction of every training class (hash order).
-        class_fraction: label-distribution shift: ``{class: fraction}`` keeps only
+        class_fraction: label-distribution shift: ``{class index: fraction}`` (e.g. ``{3: 0.2}``) keeps only
             that fraction of the listed classes' training images.
         drop_last: drop the last incomplete training batch.
         seed: seed of the training sampler's shuffling and of the training augmentations; ``None``
