@@ -119,7 +119,7 @@ class StoreMixin:
         layout = layout or StoreLayout("resize", self.image_size)
         if self.cache == "none" or not decode:
             return OnTheFlyStore(base, layout)
-        what = f"the {split} split of {type(self).__name__}"
+        what, source = f"the {split} split of {type(self).__name__}", self.data_source()
         if self.cache == "memory" and self._store_token is None:  # the run's name for its memory stores, rank 0's on every process
             self._store_token = group.broadcast(uuid.uuid4().hex)
         store = build_store(
@@ -132,7 +132,7 @@ class StoreMixin:
             progress=self._is_rank_zero(),
             group=group,
             token=self._store_token,
-            source=self.data_source(),
+            source=source,
         )
         self.store_records.append(
             {
@@ -141,7 +141,7 @@ class StoreMixin:
                 "key": store.key,
                 "folder": store.folder,
                 "layout": layout.describe(),
-                "source": self.data_source(),
+                "source": source,
             }
         )
         return store
