@@ -63,7 +63,8 @@ block (row ``i``'s terms depend only on row ``i`` of ``L`` and row ``i`` of ``L.
 * the gradient matrices are formed in forward -- only when an input needs a gradient --
   in the buffers that held the logits (one ``[n, N]`` matrix is kept for backward, two
   under DDP with ``alpha > 0``), the rest is cache-sized per-block scratch; backward is
-  matrix products and sums only.  Differentiating the returned ``invariance_loss``
+  matrix products and sums only; on CPU these matrices are reused from call to call
+  (:mod:`cloc_lightning.losses._workspace`: no page faults).  Differentiating the returned ``invariance_loss``
   itself recomputes the KL gradient matrices in backward;
 * ``softplus`` on CPU is ``relu(u) + log1p(exp(-|u|))`` with ``log1p(e)`` evaluated as
   ``log(w) + (e - (w - 1)) / w``, ``w = 1 + e`` (the rounding error of ``w`` corrected;
@@ -98,6 +99,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from cloc_lightning import distributed as dist_utils
+from cloc_lightning.losses._workspace import work_matrix
 from cloc_lightning.losses.base import Loss, LossOutput
 from cloc_lightning.validation import check_float, check_int, check_tensor
 
@@ -199,13 +201,13 @@ def _exp_shift(s: torch.Tensor) -> float | None:
 
 
 def _logits(rows: torch.Tensor, cols: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """``s * rows @ cols.T`` (the logits without the bias) as a fresh contiguous matrix."""
-    return torch.mm(rows * s, cols.t())
+    """``s * rows @ cols.T`` (the logits without the bias) in a contiguous work matrix (:mod:`._workspace`)."""
+    return torch.mm(rows * s, cols.t(), out=work_matrix(rows.shape[0], cols.shape[0], rows))
 
 
 def _transposed_logits(gl: torch.Tensor, xp_rows: torch.Tensor, x_cols: torch.Tensor, s: torch.Tensor, square: bool) -> torch.Tensor:
     """Rows of ``L.T - b`` for the local rows: a transposed copy of ``gl`` on one process, else a product."""
-    return gl.t().clone(memory_format=torch.contiguous_format) if square else _logits(xp_rows, x_cols, s)
+    return work_matrix(gl.shape[1], gl.shape[0], gl).copy_(gl.t()) if square else _logits(xp_rows, x_cols, s)
 
 
 class _SigmoidContrastive(torch.autograd.Function):
@@ -250,7 +252,7 @@ class _SigmoidContrastive(torch.autograd.Function):
         loss_parts = x.new_empty(n_blocks)
         kl_parts = x.new_zeros(n_blocks)
         general = gamma not in (0.0, 1.0) or threshold is not None
-        buf = [x.new_empty(rows, n_cols) for _ in range(4 if general else 3)]
+        buf = [work_matrix(rows, n_cols, x) for _ in range(4 if general else 3)]
         ar = torch.arange(rows, device=x.device)
         for blk, i0 in enumerate(range(0, n, rows)):
             k = min(rows, n - i0)
@@ -297,8 +299,10 @@ class _SigmoidContrastive(torch.autograd.Function):
         ctx.square, ctx.alpha = square, alpha
         if need:
             if store_kl and square and gm is not None:
-                gl.add_(gm.t().contiguous(), alpha=alpha)  # merge: dL += alpha * (dKL/dL.T).T
-            ctx.save_for_backward(x, xp_cols, xp_rows, x_cols, s, gl, gm if store_kl and not square else None)
+                gl.add_(work_matrix(n, n_cols, gl).copy_(gm.t()), alpha=alpha)  # merge: dL += alpha * (dKL/dL.T).T
+            ctx.save_for_backward(x, xp_cols, xp_rows, x_cols, s)
+            # on the context, not saved tensors: the work matrices' pool sees them taken until the graph is freed
+            ctx.gl, ctx.gm = gl, (gm if store_kl and not square else None)
         del gm
         kl_sum = kl_parts.sum()
         loss_sum = loss_parts.sum() + alpha * kl_sum if alpha != 0.0 else loss_parts.sum()
@@ -307,7 +311,8 @@ class _SigmoidContrastive(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, g_loss: torch.Tensor | None, g_kl: torch.Tensor | None) -> tuple[Any, ...]:
-        x, xp_cols, xp_rows, x_cols, s, gl, gm = ctx.saved_tensors
+        x, xp_cols, xp_rows, x_cols, s = ctx.saved_tensors
+        gl, gm = ctx.gl, ctx.gm
         need = ctx.needs_input_grad
         grads: list[torch.Tensor | None] = [None] * 6  # x, xp_cols, xp_rows, x_cols, s, b
 
