@@ -38,10 +38,17 @@ what the implementation timed before it freed; ours does not fault.  Interleaved
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +69,12 @@ LABELS = {
     "ours_g1a1": "ours, gamma = 1, alpha = 1",
     "scl": "seed scl_loss (reimplementation), gamma = 1, alpha = 1",
 }
+#: glibc told to keep freed memory in the heap (``mallopt`` through the environment): no call pays page faults for
+#: re-mapped pages, whatever ran before it
+KEEP_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+ALLOCATORS: dict[str, dict[str, str]] = {"glibc default": {}, "freed memory kept (MALLOC_MMAP/TRIM_THRESHOLD_ = 1 GiB)": KEEP_HEAP}
+#: the implementations of the guard (issue 51): the two goals against SigLipLoss, each in a process of its own
+GUARD_IMPLS = ("siglip", "ours_g0a0_nokl", "ours_g0a0", "ours_g1a1")
 #: (name, numerator impl, denominator impl, goal, higher is better)
 GOALS = [
     ("gamma = alpha = 0: SigLipLoss time / ours (compute_invariance=False)", "siglip", "ours_g0a0_nokl", 1.0, True),
@@ -157,10 +170,14 @@ def _busy_jiffies() -> int | None:
 
 
 class _OtherCPU:
-    """Average number of cores that processes other than this one kept busy between ``start()`` and ``stop()``."""
+    """Average number of cores that processes other than this one kept busy between ``start()`` and ``stop()``
+    (``children=True``: other than this one and the children it waited for)."""
+
+    def __init__(self, children: bool = False) -> None:
+        self.fields = 4 if children else 2
 
     def start(self) -> None:
-        self.wall, self.own, self.jiffies = time.perf_counter(), sum(os.times()[:2]), _busy_jiffies()
+        self.wall, self.own, self.jiffies = time.perf_counter(), sum(os.times()[: self.fields]), _busy_jiffies()
 
     def stop(self) -> float | None:
         jiffies = _busy_jiffies()
@@ -168,7 +185,7 @@ class _OtherCPU:
             return None
         wall = time.perf_counter() - self.wall
         machine = (jiffies - self.jiffies) / os.sysconf("SC_CLK_TCK")
-        return round(max(0.0, machine - (sum(os.times()[:2]) - self.own)) / max(wall, 1e-9), 2)
+        return round(max(0.0, machine - (sum(os.times()[: self.fields]) - self.own)) / max(wall, 1e-9), 2)
 
 
 def _busy(other_cores: float | None, load: list[float | None], threads: int) -> bool:
@@ -182,7 +199,19 @@ def _busy(other_cores: float | None, load: list[float | None], threads: int) -> 
 
 
 def _time_section(n: int, repeats: int, quick: bool) -> dict[str, Any]:
-    cases = {impl: make_case(impl, n) for impl in IMPLS}
+    faults: dict[str, list[int]] = {impl: [] for impl in IMPLS}
+
+    def counted(impl: str) -> Callable[[], None]:
+        step = make_case(impl, n)
+
+        def call() -> None:
+            f0 = _faults()
+            step()
+            faults[impl].append(_faults() - f0)
+
+        return call
+
+    cases = {impl: counted(impl) for impl in IMPLS}
     before, other = _load(), _OtherCPU()
     other.start()
     stats = time_interleaved(cases, repeats=repeats, warmup=2, max_seconds=60 if quick else 300)
@@ -199,7 +228,107 @@ def _time_section(n: int, repeats: int, quick: bool) -> dict[str, Any]:
         "load_average_1m": load,
         "other_processes_cores": other_cores,
         "busy": _busy(other_cores, load, threads),
+        "faults_per_call": {impl: statistics.median(f[2:]) for impl, f in faults.items()},  # the timed calls
     }
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_alone(impl: str, n: int, calls: int, warmup: int = 3) -> dict[str, float]:
+    """In this process: ``impl``'s median fwd+bwd ms over ``calls`` calls and its median minor page faults per call."""
+    step = make_case(impl, n)
+    for _ in range(warmup):
+        step()
+    times, faults = [], []
+    for _ in range(calls):
+        f0, t0 = _faults(), time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+        faults.append(_faults() - f0)
+    return {"ms": statistics.median(times), "faults": statistics.median(faults)}
+
+
+def _alone_in_a_process(impl: str, n: int, threads: int, env: dict[str, str], calls: int) -> dict[str, float]:
+    root = str(Path(__file__).resolve().parent.parent)
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_sigmoid",
+        "--alone",
+        impl,
+        "--n",
+        str(n),
+        "--calls",
+        str(calls),
+        "--threads",
+        str(threads),
+    ]
+    full_env = {**os.environ, **env, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=full_env, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"{impl} alone at {threads} thread(s) failed:\n{res.stderr[-2000:]}")
+    out: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+GUARD_GOALS = [goal for goal in GOALS if "scl" not in goal[1:3]]
+
+
+def guard(n: int, repeats: int, threads: list[int], calls: int) -> dict[str, Any]:
+    """The guard of issue 51: every implementation alone in a fresh process (nothing timed before it shapes its heap),
+    under both :data:`ALLOCATORS`, ``repeats`` times in a shuffled order; the ratios of :data:`GUARD_GOALS` per repeat."""
+    cells: dict[str, dict[str, Any]] = {}
+    for rep in range(repeats):
+        for alloc, env in ALLOCATORS.items():
+            for th in threads:
+                order = list(GUARD_IMPLS)
+                random.Random(rep * 101 + th).shuffle(order)
+                other = _OtherCPU(children=True)
+                other.start()
+                got = {impl: _alone_in_a_process(impl, n, th, env, calls) for impl in order}
+                cell = cells.setdefault(f"{alloc} | {th}", {"allocator": alloc, "threads": th, "runs": [], "busy": []})
+                cell["runs"].append(got)
+                cell["busy"].append(other.stop())
+    for cell in cells.values():
+        cell["ratios"] = {name: [run[num]["ms"] / run[den]["ms"] for run in cell["runs"]] for name, num, den, _, _ in GUARD_GOALS}
+    return {"batch": n, "repeats": repeats, "calls": calls, "cells": list(cells.values())}
+
+
+def _guard_md(g: dict[str, Any]) -> str:
+    rows, goal_rows = [], []
+    for cell in g["cells"]:
+        runs = cell["runs"]
+        med = {impl: statistics.median(r[impl]["ms"] for r in runs) for impl in GUARD_IMPLS}
+        flt = {impl: statistics.median(r[impl]["faults"] for r in runs) for impl in GUARD_IMPLS}
+        busy = max((b for b in cell["busy"] if b is not None), default=None)
+        rows.append([cell["allocator"], str(cell["threads"]), *(f"{med[i]:.1f} ({flt[i]:.0f})" for i in GUARD_IMPLS), str(busy)])
+        for name, _, _, goal, higher in GUARD_GOALS:
+            vals = cell["ratios"][name]
+            worst = min(vals) if higher else max(vals)
+            ok = worst >= goal if higher else worst <= goal
+            verdict = ("met" if ok else "NOT met") if g["batch"] == BATCH else "smoke run (goals are for batch 2048)"
+            goal_rows.append(
+                [
+                    name,
+                    cell["allocator"],
+                    str(cell["threads"]),
+                    f"{'>=' if higher else '<='} {goal:g}",
+                    f"{min(vals):.2f}-{max(vals):.2f} (median {statistics.median(vals):.2f})",
+                    f"{worst:.2f}",
+                    verdict,
+                ]
+            )
+    head = ["allocator", "threads", *(f"{LABELS[i]}: ms (page faults / call)" for i in GUARD_IMPLS), "other processes' cores (max)"]
+    return (
+        f"#### The guard: each implementation alone in a fresh process, {g['repeats']} repeats\n\n"
+        f"Each cell: median over the repeats of each process' median of {g['calls']} calls (after 3 untimed), and its minor "
+        "page faults per call. The implementations run in a shuffled order, one process each, so what one leaves in the "
+        "heap cannot move another's time (in one process it does: the interleaved tables above).\n\n"
+        f"{markdown_table(head, rows)}\n\n"
+        f"{markdown_table(['goal (issue 51)', 'allocator', 'threads', 'target', 'ratio over the repeats', 'worst', ''], goal_rows)}\n"
+    )
 
 
 def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
@@ -213,9 +342,10 @@ def _section_md(sec: dict[str, Any], n: int, quick: bool) -> str:
                 s.fmt_iqr(),
                 f"{s.median_ms / stats['siglip'].median_ms:.2f}x",
                 f"{mem[impl]:.0f}",
+                f"{sec['faults_per_call'][impl]:.0f}",
             ]
         )
-    table = markdown_table(["implementation", "fwd+bwd ms (IQR)", "time / SigLipLoss", "peak MiB"], rows)
+    table = markdown_table(["implementation", "fwd+bwd ms (IQR)", "time / SigLipLoss", "peak MiB", "page faults / call"], rows)
     goal_rows = []
     for name, _, _, goal, higher in GOALS:
         value = sec["ratios"][name]
@@ -268,11 +398,15 @@ def run(quick: bool = False, threads: list[int | None] | None = None) -> tuple[s
                     "load_average_1m": sec["load_average_1m"],
                     "other_processes_cores": sec["other_processes_cores"],
                     "busy": sec["busy"],
+                    "faults_per_call": sec["faults_per_call"],
                 }
             )
             sections_md.append(_section_md(sec, n, quick))
     finally:
         torch.set_num_threads(default_threads)
+    counts = sorted({default_threads if th is None else th for th in (threads if threads is not None else [1, None])})
+    data["guard"] = guard(n, repeats=2 if quick else 5, threads=counts, calls=5 if quick else 15)
+    sections_md.append(_guard_md(data["guard"]))
 
     agree_rows = []
     for key, a in data["agreement"].items():
@@ -312,6 +446,13 @@ if __name__ == "__main__":
         default=None,
         help="torch thread counts to time with (0 = torch default); default: 1 and the default",
     )
+    parser.add_argument("--alone", choices=IMPLS, help="time one implementation in this process, print JSON (the guard's worker)")
+    parser.add_argument("--n", type=int, default=BATCH, help="batch size of --alone")
+    parser.add_argument("--calls", type=int, default=15, help="timed calls of --alone")
     args = parser.parse_args()
+    if args.alone:
+        torch.set_num_threads(args.threads[0] if args.threads else torch.get_num_threads())
+        print(json.dumps(time_alone(args.alone, args.n, args.calls)))
+        raise SystemExit(0)
     th = None if args.threads is None else [t or None for t in args.threads]
     print(run(quick=args.quick, threads=th)[0])
