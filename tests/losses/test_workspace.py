@@ -44,10 +44,10 @@ def test_two_forwards_before_backward_give_each_its_own_gradients(kw: dict[str, 
     _workspace.clear()
     taus = [torch.tensor(math.log(5.0), requires_grad=True) for _ in inputs]
     leaves = [(x.clone().requires_grad_(True), xp.clone().requires_grad_(True)) for x, xp in inputs]
-    losses = [sigmoid_contrastive_loss(x, xp, t, -5.0, **kw)[0] for (x, xp), t in zip(leaves, taus)]  # both graphs alive
-    for loss, (x, xp), t, want in zip(reversed(losses), reversed(leaves), reversed(taus), reversed(expected)):
+    losses = [sigmoid_contrastive_loss(x, xp, t, -5.0, **kw)[0] for (x, xp), t in zip(leaves, taus, strict=True)]  # both graphs alive
+    for loss, (x, xp), t, want in zip(reversed(losses), reversed(leaves), reversed(taus), reversed(expected), strict=True):
         got = torch.autograd.grad(loss, [x, xp, t])
-        for a, w in zip(got, want[1:4]):
+        for a, w in zip(got, want[1:4], strict=True):
             torch.testing.assert_close(a, w, rtol=0, atol=0)
 
 
