@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 __all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool", "invalid_yaml", "check_keywords"]
+__all__ += ["read_text"]
 
 
 def choices(literal_type: Any) -> tuple[Any, ...]:
@@ -197,3 +198,16 @@ def check_keywords(owner: object, init: Callable[..., Any], kwargs: dict[str, An
     unknown = [name for name in kwargs if name not in params or params[name].kind is inspect.Parameter.POSITIONAL_ONLY]
     if unknown:
         raise TypeError(f"{type(owner).__name__}: got an unexpected keyword argument {unknown[0]!r}")
+
+
+def read_text(path: str, what: str, fix: str) -> str:
+    """The UTF-8 text of the file ``path``; a file that is not text is a ``ValueError`` naming ``what`` (the setting,
+    e.g. ``"--model.learnable_map"``), the file, the first byte that is not UTF-8, and ``fix``."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = e.start
+    # raised outside the handler: the message is this one, not the codec's
+    raise ValueError(f"{what} {path}: not a text file (byte {bad}: {raw[bad : bad + 1]!r} is not UTF-8); {fix}")

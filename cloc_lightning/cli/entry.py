@@ -71,21 +71,42 @@ _TRAINER_SETTING_WORDS = (
 )
 
 
+#: words of Lightning's other Trainer messages that name no argument: the argument they are about
+_TRAINER_MESSAGE_WORDS = (("Timer(duration", "max_time"),)
+
+
 def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException | None:
-    """One line for a Trainer setting this machine cannot run (Lightning's accelerator/strategy/precision checks while the
-    Trainer is built): the option named with the value given, Lightning's reason and the fix; ``None`` otherwise."""
+    """One line for a Trainer setting Lightning refuses while the Trainer is built: the option named with the value
+    given, Lightning's reason and the fix; ``None`` for an error raised anywhere else.
+
+    The accelerator, strategy, device and precision checks say the machine cannot run it; any other check of
+    ``Trainer.__init__`` (``gradient_clip_algorithm``, ``profiler``, ...) names the option its message names.
+    """
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    frames = []
     tb = exc.__traceback__
-    files = []
     while tb is not None:
-        files.append(tb.tb_frame.f_code.co_filename.replace(os.sep, "/"))
+        frames.append((tb.tb_frame.f_code.co_filename.replace(os.sep, "/"), tb.tb_frame.f_code.co_name))
         tb = tb.tb_next
-    if not any(f.endswith("trainer/connectors/accelerator_connector.py") for f in files):
+    machine = any(f.endswith("trainer/connectors/accelerator_connector.py") for f, _ in frames)
+    if not machine and not any(f.endswith("pytorch/trainer/trainer.py") and name == "__init__" for f, name in frames):
         return None
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     low = reason.lower()
-    option = next((opt for word, opt in _TRAINER_SETTING_WORDS if word in low), "accelerator")
-    given = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == f"--trainer.{option}"), None)
-    shown = f"--trainer.{option} {given}" if given is not None else f"trainer.{option}"
+    if machine:
+        option = next((opt for word, opt in _TRAINER_SETTING_WORDS if word in low), "accelerator")
+    else:
+        names = sorted(inspect.signature(Trainer.__init__).parameters, key=len, reverse=True)
+        option = next((n for n in names if n in reason and n != "self"), "")
+        option = option or next((opt for word, opt in _TRAINER_MESSAGE_WORDS if word in reason), "")
+    given = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if option and a == f"--trainer.{option}"), None)
+    value = given if given and given.split() == [given] else repr(given)
+    shown = f"--trainer.{option} {value}" if given is not None else (f"trainer.{option}" if option else "a Trainer setting")
+    if not machine:
+        return RuntimeError(f"{shown}: Lightning's Trainer refuses it: {reason} (`cloc-lightning fit --help` lists the options)")
     return RuntimeError(
         f"{shown}: this machine cannot run it ({reason}); choose a setting it has, e.g. --trainer.accelerator cpu "
         "--trainer.devices 1 (docs/gpu.md lists the GPU settings)"

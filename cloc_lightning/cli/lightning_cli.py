@@ -245,6 +245,10 @@ class CLOCLightningCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        root = cfg.get("trainer", {}).get("default_root_dir")
+        if root is not None and (not str(root).strip() or os.path.isfile(os.path.expanduser(str(root)))):
+            what = "an empty folder name" if not str(root).strip() else "a file, not a folder"
+            raise ValueError(f"--trainer.default_root_dir {str(root)!r}: {what}; give the folder runs are written under")
         return super().instantiate_trainer(**{**_integer_batch_limits(cfg, self._raw_args), **kwargs})
 
     # ------------------------------------------------------------------ subcommands

@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from cloc_lightning._logging import debug_requested
 from cloc_lightning.checkpoints import import_class
 from cloc_lightning.cli.helptext import CLOCHelpFormatter, rst_to_text
-from cloc_lightning.validation import invalid_yaml
+from cloc_lightning.validation import invalid_yaml, read_text
 
 __all__ = [
     "CLOCArgumentParser",
@@ -101,19 +101,11 @@ def check_config_files(argv: list[str]) -> None:
     example = "a config is a YAML mapping of trainer/model/data settings (`cloc-lightning configs copy cloc/demo` writes one)"
     for path in _config_paths(argv):
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            text = read_text(path, "--config", example)
         except OSError:
             continue  # the parser names missing files and folders
-        if not raw.strip():
+        if not text.strip():
             raise ValueError(f"--config {path}: the file is empty; {example}")
-        bad = None
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            bad = e.start
-        if bad is not None:  # raised outside the handler: the message is this one, not the codec's
-            raise ValueError(f"--config {path}: not a text file (byte {bad}: {raw[bad : bad + 1]!r} is not UTF-8); {example}")
 
 
 def _option_names(parser: Any) -> list[str]:

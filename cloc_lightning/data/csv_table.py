@@ -101,6 +101,8 @@ class CSVDataModule(BaseDataModule):
             )
         self.csv_path = csv_path
         self.test_csv = test_csv
+        if root is not None and not str(root).strip():
+            raise DataConfigError("--data.root '': an empty folder name; leave it unset (null) for the CSV's own folder")
         self.root = root
         self.columns = (path_column, label_column, split_column)
         self.given_class_names = class_names
@@ -153,7 +155,11 @@ class CSVDataModule(BaseDataModule):
             columns,
             name="CSV file" if setting == "data.csv_path" else "test_csv",
             fix=f"set {setting}",
-            no_column=f"column {{column!r}} not in {{path!r}} (columns: {{columns}}); set the *_column arguments ({setting})",
+            no_column=(
+                "--data.{key} {column!r}: no such column in {path} (its columns: {columns}); give one of the header's names "
+                f"({setting})"
+            ),
+            column_keys=dict(zip(self.columns, ("path_column", "label_column", "split_column"), strict=True)),
         )
 
     def _read(self) -> CSVRows:

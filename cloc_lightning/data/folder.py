@@ -105,6 +105,12 @@ class ImageFolderDataModule(BaseDataModule):
         self.class_order = class_order
         self.split_fractions = tuple(split_fractions)
         self.dirs = {"train": train_dir, "val": val_dir, "test": test_dir}
+        for split, name in self.dirs.items():
+            if not isinstance(name, str) or not name.strip() or os.sep in name.strip(os.sep) or name in (".", ".."):
+                raise DataConfigError(
+                    f"--data.{split}_dir {name!r}: the name of the {split} split's folder under data.root (one name, "
+                    f"like the default {split!r}), not a path; point data.root at the folder that holds it"
+                )
 
     def setup(self, stage: str | None = None) -> None:
         """As :meth:`BaseDataModule.setup`; without ``root`` only ``test`` (and ``predict``) can run, on ``test_root``."""
@@ -147,7 +153,17 @@ class ImageFolderDataModule(BaseDataModule):
 
     def _split_layout(self) -> bool:
         path = self._root()
-        return (path / self.dirs["train"]).is_dir()
+        if (path / self.dirs["train"]).is_dir():
+            for split in ("val", "test"):
+                where = path / self.dirs[split]
+                if self.dirs[split] != split and not where.is_dir() and not (split == "test" and self.test_root is not None):
+                    raise DataConfigError(f"--data.{split}_dir {self.dirs[split]!r}: no folder {str(where)!r}; {_names_here(path)}")
+            return True
+        if self.dirs["train"] != "train":  # named, so the split layout is meant: never read root's folders as classes
+            raise DataConfigError(
+                f"--data.train_dir {self.dirs['train']!r}: no folder {str(path / self.dirs['train'])!r}; {_names_here(path)}"
+            )
+        return False
 
     def discover_class_names(self) -> list[str]:
         if self.root is None and self.class_order is not None:
@@ -256,8 +272,8 @@ class ImageFolderDataModule(BaseDataModule):
             if self.test_root is None:
                 if not test_dir.is_dir():
                     raise DataConfigError(
-                        f"{str(path)!r} has a {self.dirs['train']!r} folder but no {self.dirs['test']!r} folder; "
-                        "add it, or give data.test_root"
+                        f"{str(path)!r} has a {self.dirs['train']!r} folder but no {self.dirs['test']!r} folder "
+                        "(data.test_dir); add it, or give data.test_root"
                     )
                 sets["test"] = _scan(test_dir, self.class_names)
             if (path / self.dirs["val"]).is_dir():
@@ -284,3 +300,9 @@ class ImageFolderDataModule(BaseDataModule):
                     [y for y, s in zip(labels, split, strict=True) if s == i],
                 )
         return sets
+
+
+def _names_here(path: Path) -> str:
+    """What ``path`` holds, for an error naming a split folder that is not there."""
+    names = sorted(p.name for p in path.iterdir() if p.is_dir())[:8] if path.is_dir() else []
+    return f"folders in data.root: {', '.join(names) or 'none'}"

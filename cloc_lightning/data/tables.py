@@ -16,7 +16,7 @@ import hashlib
 import io
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,7 +174,16 @@ class CSVRows:
         return shown + (f"; ... and {len(indices) - limit} more row(s)" if len(indices) > limit else "")
 
 
-def read_csv_rows(path: Path, columns: Sequence[str], *, name: str, fix: str, no_column: str, no_rows_fix: str = "") -> CSVRows:
+def read_csv_rows(
+    path: Path,
+    columns: Sequence[str],
+    *,
+    name: str,
+    fix: str,
+    no_column: str,
+    no_rows_fix: str = "",
+    column_keys: Mapping[str | None, str] | None = None,
+) -> CSVRows:
     """Read the CSV file ``path`` (a header row, then one row per line) that must have ``columns``.
 
     Column names and values are stripped of surrounding white space; a row with fewer fields
@@ -190,7 +199,8 @@ def read_csv_rows(path: Path, columns: Sequence[str], *, name: str, fix: str, no
         name: how error messages name the file (``"CSV file"``, ``"predict_root CSV"``).
         fix: what to do when the file does not exist (the end of that message).
         no_column: the message for a missing column, a ``str.format`` template with the fields
-            ``path``, ``column`` and ``columns`` (the header's names).
+            ``path``, ``column``, ``columns`` (the header's names) and ``key`` (the setting that named the column:
+            ``column_keys[column]``, else the column).
         no_rows_fix: what to do when the file has no rows ('' for nothing).
 
     Raises:
@@ -219,7 +229,8 @@ def read_csv_rows(path: Path, columns: Sequence[str], *, name: str, fix: str, no
         header = [c.strip() for c in reader.fieldnames or []]
         for column in columns:
             if column not in header:
-                raise DataConfigError(no_column.format(path=str(path), column=column, columns=header))
+                key = (column_keys or {}).get(column, column)
+                raise DataConfigError(no_column.format(path=str(path), column=column, columns=header, key=key))
         rows, lines = [], []
         for row in reader:
             rows.append({k.strip(): (v or "").strip() for k, v in row.items() if isinstance(k, str) and k.strip()})

@@ -42,7 +42,10 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from cloc_lightning.validation import check_choice, check_float, check_int, invalid_yaml
+from cloc_lightning.validation import check_choice, check_float, check_int, invalid_yaml, read_text
+
+#: what a margins file is, in the errors that refuse one
+_MARGINS_FIX = "learnable_map takes the margins YAML written by CLOCMarginFreeze (<log_dir>/cloc_margins.yaml)"
 
 __all__ = [
     "CLOCMargins",
@@ -93,14 +96,14 @@ def load_learnable_map(value: LearnableMap | str | None) -> LearnableMap | None:
         raise TypeError(f"learnable_map must be a list of [kind, value] pairs or a YAML file path, got {type(value).__name__}")
     path = os.path.expanduser(value)
     if os.path.isfile(path):
-        with open(path) as f:
-            try:
-                loaded = yaml.safe_load(f)
-            except yaml.MarkedYAMLError as e:
-                raise ValueError(
-                    f"{invalid_yaml(value, e)}; learnable_map takes the margins YAML written by "
-                    "CLOCMarginFreeze (<log_dir>/cloc_margins.yaml): fix the file or write it again"
-                ) from None
+        text = read_text(path, "learnable_map", _MARGINS_FIX)
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as e:
+            raise ValueError(
+                f"{invalid_yaml(value, e)}; learnable_map takes the margins YAML written by "
+                "CLOCMarginFreeze (<log_dir>/cloc_margins.yaml): fix the file or write it again"
+            ) from None
     elif value.strip().startswith("["):
         try:
             loaded = yaml.safe_load(value)
@@ -393,8 +396,7 @@ class CLOCMargins(nn.Module):
         learnable_map = load_learnable_map(text) or []
         path, payload = os.path.expanduser(text), None
         if os.path.isfile(path):
-            with open(path) as f:
-                payload = yaml.safe_load(f)
+            payload = yaml.safe_load(read_text(path, "margins file", _MARGINS_FIX))
         if isinstance(payload, dict):
             mode = payload.get("margin_mode", cls.mode)
             if mode != cls.mode:

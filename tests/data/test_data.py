@@ -169,7 +169,7 @@ def test_csv_module(tmp_path: Path) -> None:
     x, _y = next(iter(dm.train_dataloader()))
     assert x.shape[0] == 2
     bad = CSVDataModule(str(tmp_path / "data.csv"), label_column="age")
-    with pytest.raises(DataConfigError, match="column 'age' not in"):
+    with pytest.raises(DataConfigError, match="--data.label_column 'age': no such column in"):
         bad.setup("fit")
     (tmp_path / "int.csv").write_text("path,label\n" + "\n".join(f"img/{i}.jpg,{i % 4}" for i in range(12)))
     dm = CSVDataModule(str(tmp_path / "int.csv"), class_names=["a", "b", "c"])
