@@ -13,6 +13,11 @@ checkouts to get a before/after table::
     python -m benchmarks.bad_inputs                       # this checkout; prints a markdown table
     python -m benchmarks.bad_inputs --repo /tmp/old-tree  # another checkout (its cloc_lightning first on PYTHONPATH)
     python -m benchmarks.bad_inputs --only predict,typo   # cases whose name contains one of these
+    python -m benchmarks.bad_inputs --no-generated        # the cases listed here only (not the generated sweep)
+
+Before the cases listed here it runs the generated ones (:mod:`benchmarks.option_sweep`): every option of ``fit``
+given a value of the wrong type, a near miss, an empty value and the wrong kind of file, each through the command
+in a subprocess (``--jobs`` at once), judged as the fast tier's ``tests/cli/test_option_sweep.py`` judges them.
 
 Nothing here is timed against anything (wall times are shown for ``--help`` only, which the
 audit is about).  Used for docs/reliability.md ("Silent wrong results and buried errors").
@@ -1167,16 +1172,49 @@ CASES.update(
 )
 
 
+def _generated(audit_repo: Path, tmp: Path, only: list[str], jobs: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """The generated cases (:mod:`benchmarks.option_sweep`: every ``fit`` option × wrong type, near miss, empty, wrong kind
+    of file), each through the command in a subprocess of its own folder; ``(name, kind, row)``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.option_sweep import Result, generate, judge, write_fixtures
+
+    fixtures = tmp / "sweep-fixtures"
+    cases = [c for c in generate(fixtures) if not only or any(s in f"generated: {c.id}".lower() for s in only)]
+    if not cases:
+        return []
+    write_fixtures(fixtures)
+
+    def one(i_case: tuple[int, Any]) -> tuple[str, str, dict[str, Any]]:
+        i, case = i_case
+        work = tmp / f"sweep-{i}"
+        work.mkdir()
+        o = Audit(audit_repo, work).cli(*case.argv, timeout=300)
+        verdict = judge(case, Result(o.rc, o.stderr, o.stdout))
+        return f"generated: {case.id}", case.kind, _fmt(o, f"{case.kind} of {case.option}", verdict)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, enumerate(cases)))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose cloc_lightning is run (default: this one)")
     p.add_argument("--only", default="", help="comma-separated substrings of case names")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generated cases run at once (default: the cores)")
+    p.add_argument("--no-generated", action="store_true", help="only the cases listed here, not the generated sweep")
     args = p.parse_args(argv)
     only = [s.strip().lower() for s in args.only.split(",") if s.strip()]
     print(f"| case | exit code | stderr lines | first error line | outcome | verdict |  (repo: {args.repo})")
     print("|---|---|---|---|---|---|")
     verdicts: dict[str, int] = {}
+    by_kind: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        for name, kind, r in [] if args.no_generated else _generated(args.repo.resolve(), Path(tmp), only, args.jobs):
+            verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
+            by_kind.setdefault(kind, {}).setdefault(r["verdict"], 0)
+            by_kind[kind][r["verdict"]] += 1
+            print(f"| {name} | {r['rc']} | {r['stderr lines']} | {r['says']} | {r['outcome']} | {r['verdict']} |", flush=True)
         for name, fn in CASES.items():
             if only and not any(s in name.lower() for s in only):
                 continue
@@ -1194,6 +1232,8 @@ def main(argv: list[str] | None = None) -> None:
                 }
             verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
             print(f"| {name} | {r['rc']} | {r['stderr lines']} | {r['says']} | {r['outcome']} | {r['verdict']} |", flush=True)
+    for kind, counts in sorted(by_kind.items()):
+        print(f"\ngenerated, {kind}: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())), end="")
     print("\n" + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + f" (of {sum(verdicts.values())} cases)")
     if any(v != "good" for v in verdicts):
         raise SystemExit(1)
