@@ -84,6 +84,8 @@ class Case:
     value: str
     argv: tuple[str, ...]
     names: tuple[str, ...]
+    #: the option's type, as :func:`bad_values` read it (cases of one type, kind and value test one check)
+    hint: str = ""
 
     @property
     def id(self) -> str:
@@ -233,10 +235,26 @@ def _without(argv: list[str], option: str) -> list[str]:
     return out
 
 
-def _case(option: str, kind: str, value: str, argv: list[str]) -> Case:
+def _case(option: str, kind: str, value: str, argv: list[str], hint: str = "") -> Case:
     leaf = option.rsplit(".", 1)[-1].lstrip("-")
     names = (leaf,) + ((value,) if kind == "wrong kind of file" else ())
-    return Case(option, kind, value, tuple(argv), names)
+    return Case(option, kind, value, tuple(argv), names, hint)
+
+
+def representatives(cases: Iterable[Case]) -> list[Case]:
+    """The fast tier's share: of the wrong types and empty values of options the parser checks from their type alone
+    (numbers, flags, lists), one case per group of options (``--trainer``, ``--model``, ``--data``), type and value;
+    every other case (text options, near misses, files: each reaches a check of its own)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for c in cases:
+        group = c.option.split(".", 1)[0] if "." in c.option else c.option
+        parsed = c.kind in ("wrong type", "empty") and "str" not in c.hint  # refused by the parser from the type alone
+        key = (group, c.kind, c.hint, c.value) if parsed else (c.option, c.value)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
 
 
 def generate(work: Path) -> list[Case]:
@@ -248,13 +266,13 @@ def generate(work: Path) -> list[Case]:
     cases: list[Case] = []
     seen: set[str] = set()
 
-    def add(option: str, values: Iterable[tuple[str, str]], before: list[str], after: list[str] = ()) -> None:  # type: ignore[assignment]
+    def add(option: str, values: Iterable[tuple[str, str]], before: list[str], after: list[str] = (), hint: Any = "") -> None:  # type: ignore[assignment]
         if option in seen or (option in SKIP and option not in TRAINER_NEAR):
             return
         seen.add(option)
         before, after = _without(before, option), _without(list(after), option)
         for kind, value in values:
-            cases.append(_case(option, kind, value, ["fit", *before, option, value, *after]))
+            cases.append(_case(option, kind, value, ["fit", *before, option, value, *after], str(hint)))
 
     ce = ["--model", "CEModule", *BASE_MODEL]
     # LightningCLI's own keys
@@ -268,16 +286,16 @@ def generate(work: Path) -> list[Case]:
     # the Trainer's arguments (the base's own accelerator replaced by the near miss: the option is given once)
     for name, hint, default in _params(Trainer):
         option = f"--trainer.{name}"
-        add(option, bad_values(option, hint, default, work), [*ce, *BASE_SHAPES, *BASE_TRAINER])
+        add(option, bad_values(option, hint, default, work), [*ce, *BASE_SHAPES, *BASE_TRAINER], hint=_strip_optional(hint))
     for cname, cls in models.items():
         for name, hint, default in _params(cls):
             option = f"--model.{name}"
             base = ["--model", cname, *(BASE_MODEL if name != "backbone" else [])]
-            add(option, bad_values(option, hint, default, work), base, [*BASE_SHAPES, *BASE_TRAINER])
+            add(option, bad_values(option, hint, default, work), base, [*BASE_SHAPES, *BASE_TRAINER], _strip_optional(hint))
     for dname, cls in datas.items():
         for name, hint, default in _params(cls):
             option = f"--data.{name}"
-            add(option, bad_values(option, hint, default, work), [*ce, *bases[dname]], [*BASE_TRAINER])
+            add(option, bad_values(option, hint, default, work), [*ce, *bases[dname]], [*BASE_TRAINER], _strip_optional(hint))
     return cases
 
 
@@ -291,6 +309,12 @@ class Result:
 
 def run_in_process(case: Case, cwd: Path) -> Result:
     """``cloc-lightning`` with ``case.argv`` through :func:`cloc_lightning.cli.main` in this process (from ``cwd``)."""
+    return run_main(list(case.argv), cwd)
+
+
+def run_main(argv: list[str], cwd: Path) -> Result:
+    """``cloc-lightning <argv>`` through :func:`cloc_lightning.cli.main` in this process, from the folder ``cwd``: its
+    exit code (99: an exception escaped, printed as a traceback), stderr and stdout."""
     from cloc_lightning.cli import main
 
     err, out = io.StringIO(), io.StringIO()
@@ -299,7 +323,7 @@ def run_in_process(case: Case, cwd: Path) -> Result:
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             try:
-                main(list(case.argv))
+                main(list(argv))
                 code = 0
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -56,6 +56,7 @@ def test_single_process_is_identity() -> None:
     assert torch.equal(D.global_mean(torch.tensor([1.0, 2.0, 6.0])), torch.tensor(3.0))
 
 
+@pytest.mark.slow  # 2-process DDP: the long tier (pytest -m slow)
 def test_gather_with_grad_equals_single_process_even_and_uneven() -> None:
     for sizes in [(3, 3), (4, 2)]:
         results = run_distributed(_rank_fn, 2, sizes)

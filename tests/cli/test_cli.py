@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.option_sweep import run_main
 from tests.conftest import REPO, TINY_BACKBONE, UTKFACE, needs, run_cli
 
 
@@ -37,6 +38,7 @@ def test_fit_then_test_then_predict(tmp_path: Path, tiny_shapes_args: list[str])
     assert all(0 <= int(r["pred"]) < 4 for r in rows)
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_python_m_and_config_file(tmp_path: Path) -> None:
     cfg = REPO / "configs" / "ce" / "demo.yaml"
     out = run_cli(
@@ -65,12 +67,8 @@ def test_python_m_and_config_file(tmp_path: Path) -> None:
 
 
 def test_unknown_key_fails_with_clear_message(tmp_path: Path, tiny_shapes_args: list[str]) -> None:
-    proc = run_cli(
-        ["fit", "--model", "CEModule", "--model.num_classes", "4", "--model.learning_rate", "0.1", *tiny_shapes_args],
-        tmp_path,
-        check=False,
-    )
-    assert proc.returncode != 0
+    proc = run_main(["fit", "--model", "CEModule", "--model.num_classes", "4", "--model.learning_rate", "0.1", *tiny_shapes_args], tmp_path)
+    assert proc.code != 0
     assert "learning_rate" in proc.stderr
 
 
@@ -80,8 +78,8 @@ def test_typo_in_yaml_config_fails(tmp_path: Path) -> None:
         "model:\n  class_path: cloc_lightning.methods.CEModule\n  init_args:\n    num_classes: 4\n    backbon: resnet18\n"
         "data:\n  class_path: cloc_lightning.data.OrdinalShapesDataModule\n"
     )
-    proc = run_cli(["fit", "--config", str(cfg)], tmp_path, check=False)
-    assert proc.returncode != 0 and "backbon" in proc.stderr
+    proc = run_main(["fit", "--config", str(cfg)], tmp_path)
+    assert proc.code != 0 and "backbon" in proc.stderr
 
 
 @needs(UTKFACE)
@@ -117,45 +115,17 @@ def test_ce_utkface_config_trains_and_reports(tmp_path: Path) -> None:
     assert "test/mae" in out and "test/qwk" in out
 
 
-_CHECK_CONFIGS = r"""
-import sys, contextlib, io
-from cloc_lightning.cli import main
-bad = []
-for path in sys.argv[1:]:
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            if "/linear_probe/probe_" in path:  # configs of the `cloc-lightning probe` command
-                main(["probe", "--config", path, "--ckpt", "stage_one.ckpt", "--print_config"])
-            else:
-                main(["fit", "--config", path, "--print_config"])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            bad.append(path)
-    else:
-        bad.append(path + " (no exit)")
-    if "class_path" not in buf.getvalue():
-        bad.append(path + " (nothing printed)")
-print("BAD:", bad)
-sys.exit(1 if bad else 0)
-"""
-
-
-def test_every_shipped_config_parses(tmp_path: Path) -> None:
-    """Every YAML under configs/ resolves against the current classes (no unknown or stale keys)."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
+def test_every_shipped_config_parses() -> None:
+    """Every YAML under configs/ resolves against the current classes (no unknown or stale keys), through the command's
+    entry point in this process (``--print_config``)."""
     configs = sorted(str(p) for p in (REPO / "configs").rglob("*.yaml"))
     assert len(configs) >= 10
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHECK_CONFIGS, *configs],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    bad = []
+    for path in configs:
+        if "/linear_probe/probe_" in path:  # configs of the `cloc-lightning probe` command
+            out = run_main(["probe", "--config", path, "--ckpt", "stage_one.ckpt", "--print_config"], REPO)
+        else:
+            out = run_main(["fit", "--config", path, "--print_config"], REPO)
+        if out.code != 0 or "class_path" not in out.stdout:
+            bad.append(f"{path}: exit {out.code}, {out.stderr[-500:]}")
+    assert not bad, "\n".join(bad)

@@ -1,7 +1,7 @@
 """Errors a newcomer can read, through the real CLI (in-process): parse errors, a missing ``--ckpt_path``, an
 unusable logger ``save_dir``, LightningCLI's ``--optimizer``/``--lr_scheduler`` — each one ``error:`` line naming
 the input and the fix, before anything trains; help texts without reST markup or truncated summaries; wrong types
-and typos in YAML configs (in a subprocess)."""
+and typos in YAML configs."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.option_sweep import run_main
 from cloc_lightning.cli import main
 from tests._reliability import _tiny_cli_config
 from tests.cli._tiny import DATA, MODEL
-from tests.conftest import TINY_BACKBONE, run_cli
+from tests.conftest import TINY_BACKBONE
 
 
 def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> str:
@@ -227,8 +228,8 @@ def test_learnable_map_wrong_type_from_yaml_through_the_cli(tmp_path: Path) -> N
     """YAML strings: jsonargparse reads a quoted number ('0.4') as the number; anything else is refused by name."""
     cfg = _tiny_cli_config({"learnable_map": [["fixed", "0.4"], ["fixed", "abc"], ["fixed", 0.6]]})
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
-    proc = run_cli(["fit", "--config", "bad.yaml"], tmp_path, check=False, timeout=180)
-    assert proc.returncode != 0
+    proc = run_main(["fit", "--config", "bad.yaml"], tmp_path)  # the command's entry point, in this process
+    assert proc.code != 0
     assert "learnable_map[1]: the margin value must be a number > 0 or None, got 'abc'" in proc.stderr
     assert "learnable_map[0]" not in proc.stderr  # '0.4' became 0.4
 
@@ -241,9 +242,9 @@ def test_config_typos_fail_naming_the_key(tmp_path: Path) -> None:
     """
     cfg = _tiny_cli_config({"margn_lr": 0.1})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    proc = run_cli(["fit", "--config", "cfg.yaml"], tmp_path, check=False, timeout=180)
-    assert proc.returncode != 0 and "margn_lr" in proc.stderr, proc.stderr[-2000:]
+    proc = run_main(["fit", "--config", "cfg.yaml"], tmp_path)
+    assert proc.code != 0 and "margn_lr" in proc.stderr, proc.stderr[-2000:]
     (tmp_path / "good.yaml").write_text(yaml.safe_dump(_tiny_cli_config({"margin_lr": 0.1})))
-    proc = run_cli(["fit", "--config", "good.yaml", "--trainer.max_epochz", "1"], tmp_path, check=False, timeout=180)
-    assert proc.returncode != 0 and "max_epochz" in proc.stderr, proc.stderr[-2000:]
+    proc = run_main(["fit", "--config", "good.yaml", "--trainer.max_epochz", "1"], tmp_path)
+    assert proc.code != 0 and "max_epochz" in proc.stderr, proc.stderr[-2000:]
     assert "Epoch" not in proc.stdout + proc.stderr  # stopped while parsing, before any training

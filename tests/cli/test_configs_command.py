@@ -289,6 +289,7 @@ def test_entry_point_answers_configs_without_importing_torch(tmp_path: Path) -> 
     assert rc == 1 and "Traceback" in err and "FileExistsError" in err
 
 
+@pytest.mark.slow  # CLI subprocess runs: the long tier (pytest -m slow)
 def test_entry_point_hands_other_commands_to_the_cli(tmp_path: Path) -> None:
     rc, _out, err = _entry(["fit", "--config", "configs/cloc/nope.yaml"], tmp_path)
     assert rc != 0 and "'torch'" in err.split("IMPORTED", 1)[1]  # the LightningCLI path ran

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 SIMULATE = """
@@ -34,6 +36,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # CLI subprocess runs: the long tier (pytest -m slow)
 def test_torch_and_torchvision_of_different_builds_are_one_line(tmp_path: Path) -> None:
     p = _run(["fit", "--config", "configs/cloc/demo.yaml"], tmp_path)
     assert p.returncode == 1, p.stderr[-3000:]
@@ -45,6 +48,7 @@ def test_torch_and_torchvision_of_different_builds_are_one_line(tmp_path: Path) 
     assert "pip install --force-reinstall torch torchvision --index-url https://download.pytorch.org/whl/cpu" in first
 
 
+@pytest.mark.slow  # CLI subprocess runs: the long tier (pytest -m slow)
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     p = _run(["fit", "--help", "--debug"], tmp_path)
     assert p.returncode == 1 and "Traceback" in p.stderr and "torchvision::nms" in p.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Trainer
 
-from benchmarks.option_sweep import ACCEPTED, SKIP, _params, generate, judge, run_in_process, write_fixtures
+from benchmarks.option_sweep import ACCEPTED, SKIP, Case, _params, generate, judge, representatives, run_in_process, write_fixtures
 
 WORK = Path(tempfile.mkdtemp(prefix="cloc-option-sweep-"))
 CASES = generate(WORK)
@@ -27,14 +27,28 @@ def fixtures() -> Iterator[Path]:
     shutil.rmtree(WORK, ignore_errors=True)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_a_bad_value_of_any_option_is_one_line_naming_it(case, fixtures: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+FAST = representatives(CASES)
+
+
+def _check(case: Case, tmp_path: Path) -> None:
     result = run_in_process(case, tmp_path)
     verdict = judge(case, result)
     assert verdict == "good", f"{verdict}: cloc-lightning {' '.join(case.argv)}\n{result.stderr[-3000:]}"
     if (case.option, case.value) not in ACCEPTED:
         assert not any(tmp_path.iterdir()), "a refused command left files behind"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", FAST, ids=[c.id for c in FAST])
+def test_a_bad_value_of_any_option_is_one_line_naming_it(case: Case, fixtures: Path, tmp_path: Path) -> None:
+    _check(case, tmp_path)
+
+
+@pytest.mark.slow  # the rest of the generated cases (the same checks on more options): the long tier
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [c for c in CASES if c not in FAST], ids=[c.id for c in CASES if c not in FAST])
+def test_a_bad_value_of_every_other_option_is_one_line_naming_it(case: Case, fixtures: Path, tmp_path: Path) -> None:
+    _check(case, tmp_path)
 
 
 def test_the_sweep_covers_every_trainer_argument() -> None:

@@ -128,6 +128,7 @@ def test_skip_leaves_unreadable_files_out_of_evaluation_splits(tmp_path: Path) -
 
 
 # ---------------------------------------------------------------- data loader faults
+@pytest.mark.slow  # loader worker processes killed: the long tier (pytest -m slow)
 def test_dying_loader_worker_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
     script = (
         "import warnings, lightning as L, torch\n"

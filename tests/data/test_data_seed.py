@@ -72,6 +72,7 @@ def test_a_checkpoints_seed_is_restored_and_an_explicit_one_wins_with_a_warning(
     assert explicit.train_seed == 4
 
 
+@pytest.mark.slow  # kill and resume: the long tier (pytest -m slow)
 def test_a_resume_under_another_run_seed_continues_the_checkpoints_data(tmp_path: Path) -> None:
     """Stopped at step 3, resumed by a run whose own seed differs (``seed_everything: true`` draws a new one): the same weights."""
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -66,7 +66,8 @@ def _rank(rank: int, world: int, cache: str, shm: str, cache_dir: str) -> dict[s
     return out
 
 
-@pytest.mark.parametrize("cache", ["memory", pytest.param("disk", marks=pytest.mark.slow)])  # the fast tier keeps one spawn
+@pytest.mark.slow  # 2-process DDP: the long tier (pytest -m slow)
+@pytest.mark.parametrize("cache", ["memory", "disk"])
 def test_two_processes_of_a_node_decode_once_and_map_one_store(cache: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = tmp_path / "decodes"
     monkeypatch.setenv("STORE_PROJECT_DECODES", str(marker))

@@ -179,6 +179,7 @@ def _seed_cfg() -> dict:
     return yaml.safe_load(SEED_CFG.read_text())
 
 
+@pytest.mark.slow  # a CLI subprocess run: the long tier (pytest -m slow)
 def test_seed_config_prints() -> None:
     proc = run_cli(["fit", "--config", str(SEED_CFG), "--print_config"], cwd=REPO, timeout=300)
     cfg = yaml.safe_load(proc.stdout)

@@ -645,6 +645,7 @@ def _ddp_rank_fn(rank: int, world: int, cases: list) -> list[dict]:
     return results
 
 
+@pytest.mark.slow  # 2-process DDP: the long tier (pytest -m slow)
 @pytest.mark.ddp
 def test_ddp_gather_equals_single_process_on_concatenated_batch() -> None:
     per_rank = run_distributed(_ddp_rank_fn, 2, DDP_CASES)

@@ -105,6 +105,7 @@ def _ddp_rnc(rank: int, world_size: int, features: torch.Tensor, labels: torch.T
     return {"value": value.detach(), "grad": local.grad}
 
 
+@pytest.mark.slow  # 2-process DDP: the long tier (pytest -m slow)
 @pytest.mark.ddp
 def test_rnc_under_ddp_equals_one_process_on_the_global_batch() -> None:
     """2 gloo processes of 3 samples each: the mean of the ranks' values, and each rank's feature gradient divided

@@ -347,6 +347,7 @@ def _ddp_rank_fn(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow  # 2-process DDP: the long tier (pytest -m slow)
 @pytest.mark.ddp
 def test_ddp_equals_single_process_on_the_concatenated_batch() -> None:
     results = run_distributed(_ddp_rank_fn, 2)

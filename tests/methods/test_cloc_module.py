@@ -207,6 +207,7 @@ class MyCLOC(CLOCModule):
 '''
 
 
+@pytest.mark.slow  # a CLI subprocess run in a project folder (tests/cli/test_own_project.py covers more): the long tier (pytest -m slow)
 def test_user_subclass_in_own_project_through_the_cli(tmp_path: Path, tiny_shapes_args: list[str], monkeypatch) -> None:
     """A subclass in the user's own package is selectable with --model and keeps the CLOC machinery."""
     (tmp_path / "my_project.py").write_text(_USER_MODULE)
