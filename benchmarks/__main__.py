@@ -45,6 +45,7 @@ ORDER: dict[str, str] = {
     "throughput": "Training-step throughput (ours vs plain PyTorch vs lightly) and data pipeline",
     "data_path": "The data path inside Trainer.fit: loader path vs decode once + augment on the device",
     "store_size": "Stored image size and the sharpness of the training views (gradient energy vs the original files)",
+    "test_tier": "The fast test tier's wall time beside the tier that was too slow (issue 51)",
 }
 
 
