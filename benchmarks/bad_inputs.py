@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1172,7 +1172,7 @@ CASES.update(
 )
 
 
-def _generated(audit_repo: Path, tmp: Path, only: list[str], jobs: int) -> list[tuple[str, str, dict[str, Any]]]:
+def _generated(audit_repo: Path, tmp: Path, only: list[str], jobs: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """The generated cases (:mod:`benchmarks.option_sweep`: every ``fit`` option × wrong type, near miss, empty, wrong kind
     of file), each through the command in a subprocess of its own folder; ``(name, kind, row)``."""
     from concurrent.futures import ThreadPoolExecutor
@@ -1182,7 +1182,7 @@ def _generated(audit_repo: Path, tmp: Path, only: list[str], jobs: int) -> list[
     fixtures = tmp / "sweep-fixtures"
     cases = [c for c in generate(fixtures) if not only or any(s in f"generated: {c.id}".lower() for s in only)]
     if not cases:
-        return []
+        return
     write_fixtures(fixtures)
 
     def one(i_case: tuple[int, Any]) -> tuple[str, str, dict[str, Any]]:
@@ -1194,7 +1194,7 @@ def _generated(audit_repo: Path, tmp: Path, only: list[str], jobs: int) -> list[
         return f"generated: {case.id}", case.kind, _fmt(o, f"{case.kind} of {case.option}", verdict)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, enumerate(cases)))
+        yield from pool.map(one, enumerate(cases))  # in order, each as soon as it and those before it are done
 
 
 def main(argv: list[str] | None = None) -> None:
