@@ -11,7 +11,7 @@ given the bad values of its type:
   folder option a missing path and a file.
 
 :func:`judge` says what a user would: ``good`` when the command stops before the first step with a short error
-(at most :data:`MAX_ERROR_LINES` lines, no traceback) naming the option or the path, ``silent`` when it runs, and
+(at most :data:`MAX_ERROR_LINES` lines, no traceback) naming the option or the path and saying what is wrong, ``silent`` when it runs, and
 ``buried`` otherwise.  The fast tier runs every case in-process (``tests/cli/test_option_sweep.py``); the audit
 (``python -m benchmarks.bad_inputs``) runs them through the command itself.  :data:`ACCEPTED` lists the few values
 that are valid settings (each with the reason); a case there must run, not fail.
@@ -354,5 +354,8 @@ def judge(case: Case, result: Result) -> str:
         return "buried"
     lines = error_lines(result.stderr)
     if not lines or len(lines) > MAX_ERROR_LINES:
+        return "buried"
+    said = lines[0].split("error:", 1)[-1].strip()
+    if said.endswith(":") or len(said.split(":", 1)[-1].strip()) < 12:  # a key with no reason after it
         return "buried"
     return "good" if any(name and name in lines[0] for name in case.names) else "buried"

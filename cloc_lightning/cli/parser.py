@@ -71,6 +71,8 @@ def _check_no_lightning_optimizer_keys(argv: list[str]) -> None:
         if any(key == f"--{k}" or key.startswith(f"--{k}.") for k in _LIGHTNING_OPTIM_KEYS):
             raise ValueError(_optimizer_keys_message(key))
     for path in _config_paths(argv):
+        if not path.strip():
+            raise ValueError(f"--config {path!r}: no file named; {example}")
         try:
             with open(path) as f:
                 data = yaml.safe_load(f)
@@ -100,6 +102,8 @@ def check_config_files(argv: list[str]) -> None:
     """
     example = "a config is a YAML mapping of trainer/model/data settings (`cloc-lightning configs copy cloc/demo` writes one)"
     for path in _config_paths(argv):
+        if not path.strip():
+            raise ValueError(f"--config {path!r}: no file named; {example}")
         try:
             text = read_text(path, "--config", example)
         except OSError:
@@ -253,7 +257,30 @@ def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
     m = re.search(r'Parser key "([^"]+)":\s*(.*)', text)
     if m and "Does not validate against any of the Union subtypes" not in m.group(2):
         return f"--{m.group(1)}: {_plain_type_error(m.group(2))}"
+    if m:
+        return _union_error(message, m.group(1))
     return lines[0] if lines else message
+
+
+def _union_error(message: str, key: str) -> str:
+    """A union type's refusal as one line: the types accepted and the value given (or the inner key's own error)."""
+    subtypes = re.search(r"Subtypes: \[(.*)\]", message)
+    found = re.findall(r"<class '([^']+)'>|\b(list|dict|tuple)\[", subtypes.group(1) if subtypes else "")
+    names = [(b and f"a {b}") or a.rsplit(".", 1)[-1].replace("NoneType", "null") for a, b in found]
+    given = re.search(r"^\s*Given value: (.*)$", message, flags=re.M)
+    value = given.group(1).strip() if given else "?"
+    inner = re.search(r'Parser key "([^"]+)":\s*\n\s*(Expected a <class \'[^\']+\'>\. Got value: .*)', message)
+    if inner:  # a class's own argument: that argument's error
+        return f"--{key}.{inner.group(1)}: {_plain_type_error(inner.group(2))}"
+    literal = re.findall(r"Literal\[([^\]]*)\]", subtypes.group(1) if subtypes else "")
+    choices = list(dict.fromkeys(c.strip().strip("'\"") for group in literal for c in group.split(",")))
+    near = _nearest(value, choices)
+    if choices:
+        names = [f"one of {', '.join(choices)}"] + [n for n in names if n in ("int", "float", "null")]
+    classes = [a for a, _ in found if a and "." in a and not a.startswith(("builtins", "typing"))]
+    if classes and re.fullmatch(r"[A-Z]\w*", value):  # a class name of a base class: the near ones
+        return unknown_class_name(key, value, classes[0])
+    return f"--{key}: expected {' or '.join(dict.fromkeys(names)) or 'another type'}, got {value!r}{near}"
 
 
 def unknown_class_name(key: str, given: str, base: str) -> str:
@@ -313,7 +340,7 @@ def class_path_problem(key: str, class_path: str, inner: str) -> str | None:
 
 
 def _plain_type_error(text: str) -> str:
-    m = re.match(r"Expected a <class '([^']+)'>\. Got value: (.*)", text.strip())
+    m = re.match(r"Expected a <class '([^']+)'>\. Got value:\s*(\S*)", text.strip())
     return f"expected {m.group(1)}, got {m.group(2)!r}" if m else text.strip()
 
 
@@ -409,6 +436,8 @@ def check_required_placeholders(config: Any, argv: list[str]) -> None:
         return
     files = []
     for path in _config_paths(argv):
+        if not path.strip():
+            raise ValueError(f"--config {path!r}: no file named; {example}")
         try:
             with open(path) as f:
                 text = f.read()
