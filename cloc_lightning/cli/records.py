@@ -106,6 +106,7 @@ class RunConfigSaver(SaveConfigCallback):
             get_filesystem(log_dir).makedirs(log_dir, exist_ok=True)
             self.written = os.path.join(log_dir, name)
             self.parser.save(self.config, self.written, skip_none=False, overwrite=False, multifile=self.multifile)
+            _record_integer_limits(self.written, trainer)
             if record is not None:  # config.yaml -> data.json, config.resume-1.yaml -> data.resume-1.json
                 stem = os.path.splitext(name)[0].replace(os.path.splitext(self.config_filename)[0], "data", 1)
                 self.data_written = os.path.join(log_dir, f"{stem}.json")
@@ -113,6 +114,24 @@ class RunConfigSaver(SaveConfigCallback):
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def _record_integer_limits(path: str, trainer: Any) -> None:
+    """Write a batch limit the Trainer holds as a count (``limit_train_batches: 1``) as that integer: the parser writes
+    ``1.0``, which a run from this config would read back as a fraction (all batches)."""
+    import re
+
+    with open(path) as f:
+        text = f.read()
+
+    def count(m: re.Match[str]) -> str:
+        value = getattr(trainer, m.group(2), None)
+        return f"{m.group(1)}{value}" if isinstance(value, int) and not isinstance(value, bool) else m.group(0)
+
+    fixed = re.sub(r"(?m)^(  (limit_(?:train|val|test|predict)_batches): )[0-9.]+$", count, text)
+    if fixed != text:
+        with open(path, "w") as f:
+            f.write(fixed)
 
 
 def data_record(trainer: Any) -> dict[str, Any] | None:

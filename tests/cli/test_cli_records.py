@@ -249,3 +249,22 @@ def test_refused_and_failed_runs_leave_no_run_folder(tmp_path: Path, monkeypatch
     with pytest.raises(OSError, match="missing.png"):
         main(["fit", *ARGS, *fail, "--trainer.logger.init_args.version", "1"])
     assert "job.log" in {p.name for p in (runs / "version_1").iterdir()}
+
+
+def test_a_batch_count_is_recorded_as_a_count_so_the_config_reruns_the_same(tmp_path: Path) -> None:
+    """``--trainer.limit_train_batches 1`` (one batch) is written to config.yaml as ``1``, not ``1.0`` (a fraction: every
+    batch), so ``fit --config <run>/config.yaml`` trains what the first run trained (an outside user found 2 of 2)."""
+    from benchmarks.option_sweep import run_main
+
+    args = [
+        *("fit", *MODEL, *DATA, "--data.train_size", "32", "--data.val_size", "16"),
+        "--trainer.limit_train_batches",
+        "1",
+        "--trainer.limit_val_batches",
+        "0.5",
+    ]
+    assert run_main(args, tmp_path).code == 0
+    saved = next(tmp_path.glob("runs/*/version_0/config.yaml"))
+    trainer = yaml.safe_load(saved.read_text())["trainer"]
+    assert trainer["limit_train_batches"] == 1 and isinstance(trainer["limit_train_batches"], int)
+    assert trainer["limit_val_batches"] == 0.5  # a fraction stays one
