@@ -71,8 +71,6 @@ def _check_no_lightning_optimizer_keys(argv: list[str]) -> None:
         if any(key == f"--{k}" or key.startswith(f"--{k}.") for k in _LIGHTNING_OPTIM_KEYS):
             raise ValueError(_optimizer_keys_message(key))
     for path in _config_paths(argv):
-        if not path.strip():
-            raise ValueError(f"--config {path!r}: no file named; {example}")
         try:
             with open(path) as f:
                 data = yaml.safe_load(f)
@@ -436,8 +434,6 @@ def check_required_placeholders(config: Any, argv: list[str]) -> None:
         return
     files = []
     for path in _config_paths(argv):
-        if not path.strip():
-            raise ValueError(f"--config {path!r}: no file named; {example}")
         try:
             with open(path) as f:
                 text = f.read()
