@@ -23,6 +23,7 @@ from cloc_lightning.checkpoints import import_class, read_checkpoint
 from cloc_lightning.cli.commands import COMMANDS
 from cloc_lightning.cli.parser import CLOCArgumentParser, _summary, check_required_placeholders
 from cloc_lightning.cli.records import (
+    MADE_ABOVE,
     RunConfigSaver,
     _claim_run_folder,
     _left_empty,
@@ -223,6 +224,11 @@ class CLOCLightningCLI(LightningCLI):
         cfg = self.config[sub] if sub else self.config
         if cfg.get("seed_everything") is True:
             cfg["seed_everything"] = draw_seed()
+        seed = cfg.get("seed_everything")
+        if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
+            raise ValueError(f"--seed_everything {seed}: a seed is an integer in [0, 2**32 - 1] (numpy's range), or true for a random one")
+        if not isinstance(cfg.get("trainer"), (dict, type(None))) and not hasattr(cfg.get("trainer"), "keys"):
+            raise ValueError(f"trainer: a mapping of Trainer settings (max_epochs: 10, ...), got a {type(cfg.get('trainer')).__name__}")
 
     def _parse_ckpt_path(self) -> None:
         """Refuse a ``--ckpt_path`` of another module class or backbone before Lightning adopts its hyper-parameters.
@@ -256,6 +262,7 @@ class CLOCLightningCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         root = cfg.get("trainer", {}).get("default_root_dir")
+        _check_trainer_counts(cfg.get("trainer", {}))
         if root is not None and (not str(root).strip() or os.path.isfile(os.path.expanduser(str(root)))):
             what = "an empty folder name" if not str(root).strip() else "a file, not a folder"
             raise ValueError(f"--trainer.default_root_dir {str(root)!r}: {what}; give the folder runs are written under")
@@ -291,6 +298,14 @@ class CLOCLightningCLI(LightningCLI):
                 parent = os.path.dirname(folder)
                 if os.path.isdir(parent) and not os.listdir(parent):  # the logger's name folder, made for this run alone
                     os.rmdir(parent)
+                top = MADE_ABOVE.pop(os.path.abspath(folder), None)  # and the folders above it this command made, if empty
+                d = os.path.dirname(os.path.abspath(folder))
+                while top is not None and (d == top or d.startswith(top + os.sep)):
+                    if os.path.isdir(d):
+                        if os.listdir(d):
+                            break
+                        os.rmdir(d)
+                    d = os.path.dirname(d)
         except OSError as e:  # never hide the command's own error
             print(
                 f"cloc-lightning: could not remove the run folder {folder} that the failed command made: {e}", file=sys.stderr, flush=True
@@ -480,6 +495,19 @@ def _check_trains_more(trainer: Any, given: Any, path: str) -> None:
         f"train longer give {' and '.join(fixes)} (the learning-rate schedule then spans the new total: docs/cli.md), "
         f"or evaluate it with `cloc-lightning test --ckpt_path {path}` (same config)"
     )
+
+
+#: Trainer counts Lightning divides by (a 0 was a ZeroDivisionError traceback before the first step): their least value
+_TRAINER_MINIMUMS = {"accumulate_grad_batches": 1, "check_val_every_n_epoch": 1, "log_every_n_steps": 1, "max_epochs": -1}
+
+
+def _check_trainer_counts(trainer: Any) -> None:
+    """One line for a Trainer count below the least value Lightning can run (``accumulate_grad_batches 0``, ...)."""
+    for key, least in _TRAINER_MINIMUMS.items():
+        value = trainer.get(key) if hasattr(trainer, "get") else None
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+            meaning = " (-1 = no limit)" if key == "max_epochs" else ""
+            raise ValueError(f"--trainer.{key} {value}: must be an integer >= {least}{meaning}")
 
 
 def _key_groups(keys: Iterable[str]) -> list[str]:

@@ -217,6 +217,10 @@ def _left_empty(folder: str) -> bool:
     return True
 
 
+#: run folder -> the highest folder above it that did not exist before the command made it (removed with it when empty)
+MADE_ABOVE: dict[str, str] = {}
+
+
 def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> str | None:
     """Before anything is written: the run folder can be written and, for a new run, holds no other run's records.
 
@@ -232,6 +236,11 @@ def _claim_run_folder(trainer: Any, pinned: bool, resuming: bool) -> str | None:
     logger = loggers[0]
     for _ in range(1000):
         log_dir = str(logger.log_dir)
+        above = os.path.abspath(os.path.dirname(log_dir))
+        while not os.path.exists(os.path.dirname(above)) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if not os.path.exists(above):  # the highest folder this command makes above the run folder
+            MADE_ABOVE[os.path.abspath(log_dir)] = above
         _check_save_dir(os.path.dirname(log_dir))
         if resuming:
             _check_save_dir(log_dir)

@@ -45,3 +45,20 @@ def test_an_unreadable_image_in_the_first_validation_is_one_line_and_leaves_no_r
     ), err[:3]  # was torch's "Caught RuntimeError in DataLoader worker process 0" and ~40 lines (workers: 2)
     assert err[1:] == ["(--debug shows the traceback)"]
     assert not list((tmp_path / "runs").rglob("*"))  # was runs/default/version_0 with config.yaml and no checkpoint
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_refused_run_removes_the_save_dir_it_made_and_keeps_one_that_was_there(existed: bool, tmp_path: Path) -> None:
+    """``runs/`` made by a command that then fails before its first checkpoint goes with the run folder (an outside user
+    found it left behind in 17 refused commands); a ``runs/`` that existed before stays, even when empty."""
+    from benchmarks.option_sweep import run_main
+
+    if existed:
+        (tmp_path / "runs").mkdir()
+    args = ["fit", "--model", "CEModule", "--model.backbone", "test_resnet", "--data", "UTKFaceDataModule"]
+    args += ["--data.root", str(tmp_path / "nope"), "--trainer.logger.class_path", "TensorBoardLogger"]
+    out = run_main([*args, "--trainer.logger.init_args.save_dir", "runs/deeper"], tmp_path)
+    assert out.code == 1 and "UTKFace root" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["runs"] if existed else [])
+    if existed:
+        assert not any((tmp_path / "runs").iterdir())
