@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import ImageFileDataset, LabelledDataset
-from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, config_errors
+from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, check_split_fractions, config_errors
 from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import (
     CSVRows,
@@ -107,7 +107,7 @@ class CSVDataModule(BaseDataModule):
         self.columns = (path_column, label_column, split_column)
         self.given_class_names = class_names
         self.given_num_classes = num_classes
-        self.split_fractions = tuple(split_fractions)
+        self.split_fractions = check_split_fractions(split_fractions)
         self._table: CSVRows | None = None
         self._test_table: CSVRows | None = None
         self._integer_labels = False

@@ -8,12 +8,13 @@ message names the fix.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from cloc_lightning.validation import check_float
 
-__all__ = ["DataConfigError", "config_errors", "check_val_fraction", "check_base_sets"]
+__all__ = ["DataConfigError", "config_errors", "check_val_fraction", "check_split_fractions", "check_base_sets"]
 
 
 class DataConfigError(ValueError):
@@ -41,6 +42,31 @@ def check_val_fraction(value: Any) -> float:
         return check_float(
             "val_fraction", value, minimum=0.0, maximum=1.0, strict_maximum=True, expect="in [0, 1)", hint="0 = validate on the test set"
         )
+
+
+def check_split_fractions(value: Any) -> tuple[float, float, float]:
+    """``split_fractions``: three shares ``(train, val, test)`` >= 0 with a positive sum, else a
+    :class:`DataConfigError`; shares that do not sum to 1 are read as proportions, with a warning that says so
+    (``[0.5, 0.5, 0.5]`` is thirds)."""
+    try:
+        fractions = tuple(float(f) for f in value)
+    except (TypeError, ValueError):
+        fractions = ()
+    if len(fractions) != 3 or min(fractions) < 0 or sum(fractions) <= 0:
+        raise DataConfigError(
+            f"--data.split_fractions {list(value) if isinstance(value, (list, tuple)) else value!r}: three shares "
+            "(train, val, test) >= 0 that sum to 1, e.g. [0.7, 0.1, 0.2]"
+        )
+    total = sum(fractions)
+    if abs(total - 1.0) > 1e-6:
+        shares = ", ".join(f"{f / total:.3g}" for f in fractions)
+        warnings.warn(
+            f"--data.split_fractions {list(fractions)} sum to {total:g}, not 1: read as proportions, [{shares}]; give shares "
+            "that sum to 1 to say so",
+            UserWarning,
+            stacklevel=2,
+        )
+    return fractions  # type: ignore[return-value]
 
 
 def check_root_for_stage(

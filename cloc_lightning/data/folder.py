@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
-from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, check_val_fraction, config_errors
+from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, check_split_fractions, check_val_fraction, config_errors
 from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import (
     class_order,
@@ -103,7 +103,7 @@ class ImageFolderDataModule(BaseDataModule):
         self.root = root
         self.test_root = test_root
         self.class_order = class_order
-        self.split_fractions = tuple(split_fractions)
+        self.split_fractions = check_split_fractions(split_fractions)
         self.dirs = {"train": train_dir, "val": val_dir, "test": test_dir}
         for split, name in self.dirs.items():
             if not isinstance(name, str) or not name.strip() or os.sep in name.strip(os.sep) or name in (".", ".."):

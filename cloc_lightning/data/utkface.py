@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.data.datasets import IMAGE_EXTENSIONS, ImageFileDataset, LabelledDataset
-from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, config_errors
+from cloc_lightning.data.errors import DataConfigError, check_root_for_stage, check_split_fractions, config_errors
 from cloc_lightning.data.overlap import overlap_message, shared_with_training
 from cloc_lightning.data.tables import hash_split
 from cloc_lightning.validation import check_choice, check_int
@@ -135,7 +135,7 @@ class UTKFaceDataModule(BaseDataModule):
         self.age_bins = bins
         self.min_age = min_age
         self.max_age = max_age
-        self.split_fractions = tuple(float(f) for f in split_fractions)
+        self.split_fractions = check_split_fractions(split_fractions)
         self.split_salt = split_salt
         self.test_root = test_root
         self.strict_names = strict_names

@@ -169,3 +169,14 @@ def test_file_corrupted_mid_epoch_names_the_file(workers: int, tmp_path: Path) -
     model = CEModule(num_classes=2, **SMALL)
     with pytest.raises(RuntimeError, match=rf"Cannot read image '.*{victim.name}'.*bad_files: skip"):
         _fit(model, dm, tmp_path, callbacks=[Corrupt()], limit_train_batches=None, limit_val_batches=0)
+
+
+def test_split_fractions_that_do_not_sum_to_one_are_said_to_be_proportions() -> None:
+    """``[0.5, 0.5, 0.5]`` was read as thirds without a word (an outside user); negative or missing shares are refused."""
+    from cloc_lightning.data.errors import DataConfigError, check_split_fractions
+
+    with pytest.warns(UserWarning, match=r"sum to 1.5, not 1: read as proportions, \[0.333, 0.333, 0.333\]"):
+        assert check_split_fractions([0.5, 0.5, 0.5]) == (0.5, 0.5, 0.5)
+    for bad in ([0.5, 0.6, -0.1], [0.5, 0.5], [0, 0, 0], "abc"):
+        with pytest.raises(DataConfigError, match="--data.split_fractions .*three shares"):
+            check_split_fractions(bad)
