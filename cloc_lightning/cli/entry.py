@@ -102,7 +102,8 @@ def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException 
         names = sorted(inspect.signature(Trainer.__init__).parameters, key=len, reverse=True)
         option = next((n for n in names if n in reason and n != "self"), "")
         option = option or next((opt for word, opt in _TRAINER_MESSAGE_WORDS if word in reason), "")
-    given = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if option and a == f"--trainer.{option}"), None)
+    # the last occurrence: the value in effect when an option is given twice
+    given = next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if option and argv[i] == f"--trainer.{option}"), None)
     value = given if given and given.split() == [given] else repr(given)
     shown = f"--trainer.{option} {value}" if given is not None else (f"trainer.{option}" if option else "a Trainer setting")
     if not machine:

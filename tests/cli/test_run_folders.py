@@ -62,3 +62,19 @@ def test_a_refused_run_removes_the_save_dir_it_made_and_keeps_one_that_was_there
     assert sorted(p.name for p in tmp_path.iterdir()) == (["runs"] if existed else [])
     if existed:
         assert not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize("command, key", [("validate", "limit_val_batches"), ("test", "limit_test_batches")])
+def test_an_evaluation_on_no_batch_is_refused_and_leaves_no_run_folder(command: str, key: str, tmp_path: Path) -> None:
+    """``validate``/``test`` with a limit of 0 batches exited 0 with no metrics and a new run folder (an outside user)."""
+    from benchmarks.option_sweep import run_main
+
+    args = ["fit", "--model", "CEModule", "--model.backbone", "test_resnet", "--data", "OrdinalShapesDataModule"]
+    args += ["--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8", "--data.batch_size", "8"]
+    args += ["--data.num_workers", "0", "--data.image_size", "16", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
+    assert run_main(args, tmp_path).code == 0
+    ckpt = next(tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt"))
+    runs = sorted(p.name for p in ckpt.parents[2].iterdir())
+    out = run_main([command, *args[1:], "--ckpt_path", str(ckpt), f"--trainer.{key}", "0"], tmp_path)
+    assert out.code == 1 and f"--trainer.{key} 0: {command} would run on no batch" in out.stderr, out.stderr[-2000:]
+    assert sorted(p.name for p in ckpt.parents[2].iterdir()) == runs
