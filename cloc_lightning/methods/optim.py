@@ -259,6 +259,11 @@ def build_lr_scheduler(
     of unknown length, the estimated stepping batches over ``max_epochs``).
     """
     h = hparams
+    if not math.isfinite(trainer.estimated_stepping_batches) and h.get("scheduler") not in (None, "none"):
+        raise ValueError(
+            f"--model.scheduler {h.get('scheduler')}: the schedule needs the run's length, but --trainer.max_epochs -1 and "
+            "--trainer.max_steps -1 set no end; give --trainer.max_epochs or --trainer.max_steps, or --model.scheduler none"
+        )
     total = max(1, int(trainer.estimated_stepping_batches))
     n_batches = trainer.num_training_batches
     accumulate = max(1, trainer.accumulate_grad_batches)
