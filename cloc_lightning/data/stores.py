@@ -435,6 +435,9 @@ def cache_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             )
             p.add_argument("--all", dest="everything", action="store_true", help="remove every store not in use")
     args = parser.parse_args(argv)
+    if args.cache_dir is not None and not os.path.isdir(os.path.expanduser(args.cache_dir)):
+        what = "is a file" if os.path.exists(os.path.expanduser(args.cache_dir)) else "does not exist"
+        raise ValueError(f"--cache_dir {args.cache_dir}: {what}; give the folder a run's data.cache_dir named (no stores are there)")
     if args.action == "list":
         stores = list_stores(args.cache_dir)
     else:

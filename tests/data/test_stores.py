@@ -384,3 +384,14 @@ def test_a_file_system_without_flock_still_builds_and_serves_disk_stores(tmp_pat
         OrdinalShapesDataModule(num_classes=3, train_size=12, val_size=6, test_size=6, cache="disk", cache_dir=str(tmp_path), **QUIET)
     )
     assert torch.equal(_train_pixels(dm), _train_pixels(again)) and dm._stored["train"].key == again._stored["train"].key
+
+
+def test_cache_commands_refuse_a_cache_dir_that_is_no_folder(tmp_path: Path) -> None:
+    """``cache list --cache_dir <a file or a missing folder>`` said "0 store(s) found" (an outside user)."""
+    from cloc_lightning.data.stores import cache_main
+
+    (tmp_path / "f.txt").write_text("x")
+    for where, said in ((tmp_path / "f.txt", "is a file"), (tmp_path / "missing", "does not exist")):
+        for action in (["list"], ["remove", "--all"]):
+            with pytest.raises(ValueError, match=f"--cache_dir {where}: {said}"):
+                cache_main([*action, "--cache_dir", str(where)])
