@@ -274,6 +274,14 @@ def build_lr_scheduler(
     milestones = list(h["lr_milestones"] or [])
     warmup_start = None if h["warmup_from"] is None else float(h["warmup_from"]) / float(h["lr"])
     max_epochs = trainer.max_epochs if (trainer.max_epochs or 0) > 0 else None
+    warmup_epochs = float(h.get("warmup_epochs") or 0.0)
+    if warmup_epochs > 0 and warmup_epochs * per_epoch >= total:
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        rank_zero_warn(
+            f"--model.warmup_epochs {warmup_epochs:g} lasts the whole run ({total} optimiser steps, "
+            f"{total / per_epoch:g} epochs): the learning rate never reaches --model.lr; lower it or train longer"
+        )
 
     def factor(step: int) -> float:
         return lr_factor(

@@ -78,14 +78,3 @@ def test_an_evaluation_on_no_batch_is_refused_and_leaves_no_run_folder(command: 
     out = run_main([command, *args[1:], "--ckpt_path", str(ckpt), f"--trainer.{key}", "0"], tmp_path)
     assert out.code == 1 and f"--trainer.{key} 0: {command} would run on no batch" in out.stderr, out.stderr[-2000:]
     assert sorted(p.name for p in ckpt.parents[2].iterdir()) == runs
-
-
-def test_a_schedule_without_an_end_is_one_line_and_leaves_no_run_folder(tmp_path: Path) -> None:
-    """``--trainer.max_epochs -1`` (no end) with a cosine schedule was a 50-line OverflowError (an outside user)."""
-    from benchmarks.option_sweep import run_main
-
-    args = ["fit", "--model", "CEModule", "--model.backbone", "test_resnet", "--data", "OrdinalShapesDataModule"]
-    args += ["--data.num_workers", "0", "--trainer.max_epochs", "-1", "--trainer.limit_train_batches", "1"]
-    out = run_main(args, tmp_path)
-    assert out.code == 1 and "--model.scheduler cosine: the schedule needs the run's length" in out.stderr, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr and not any(tmp_path.iterdir())
