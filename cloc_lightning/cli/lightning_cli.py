@@ -339,9 +339,9 @@ class CLOCLightningCLI(LightningCLI):
         # the checks that refuse a run come before its run folder is made: a refused run leaves none
         if self.subcommand != "fit":
             self._require_weights(path)
-            limit = getattr(self.trainer, f"limit_{self.subcommand.replace('validate', 'val')}_batches", None)
+            key = f"limit_{str(self.subcommand).replace('validate', 'val')}_batches"
+            limit = getattr(self.trainer, key, None)
             if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit == 0:
-                key = f"limit_{self.subcommand.replace('validate', 'val')}_batches"
                 raise ValueError(f"--trainer.{key} 0: {self.subcommand} would run on no batch and report nothing; remove it")
         else:
             check_trains_something(self.trainer, type(self.model).__name__)  # again at setup, for Python use

@@ -66,7 +66,7 @@ def check_split_fractions(value: Any) -> tuple[float, float, float]:
             UserWarning,
             stacklevel=2,
         )
-    return fractions  # type: ignore[return-value]
+    return fractions[0], fractions[1], fractions[2]
 
 
 def check_root_for_stage(
