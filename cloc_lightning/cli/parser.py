@@ -108,6 +108,39 @@ def check_config_files(argv: list[str]) -> None:
             continue  # the parser names missing files and folders
         if not text.strip():
             raise ValueError(f"--config {path}: the file is empty; {example}")
+        twice = _duplicate_key(text)
+        if twice:
+            raise ValueError(f"--config {path}:{twice}; the second would silently replace the first: merge them into one")
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """A YAML loader that refuses a mapping holding one key twice (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in seen:
+                raise _DuplicateKey(f"{line}: key {key!r} given twice (first on line {seen[key]})")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _duplicate_key(text: str) -> str | None:
+    """``"<line>: key 'trainer' given twice (first on line 1)"`` for a YAML text holding a mapping key twice, else None
+    (invalid YAML is left to the parser's own one-line error)."""
+    try:
+        yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except _DuplicateKey as e:
+        return str(e)
+    except yaml.YAMLError:
+        return None
+    return None
 
 
 def _option_names(parser: Any) -> list[str]:

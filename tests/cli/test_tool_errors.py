@@ -60,3 +60,11 @@ def test_a_trainer_setting_the_machine_cannot_run_is_one_line(
     err = _error([*BASE, *setting], capsys)
     assert err[0].startswith(f"cloc-lightning: error: {expected}") and "--trainer.accelerator cpu" in err[0], err
     assert err[1:] == ["(--debug shows the traceback)"]  # was Lightning's traceback (MisconfigurationException, ...)
+
+
+def test_a_config_that_gives_a_key_twice_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """YAML keeps the second of two equal keys, silently: an outside user's second ``trainer:`` block dropped the first."""
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  max_epochs: 1\nmodel:\n  class_path: CEModule\n  init_args: {lr: 0.1, lr: 0.2}\n")
+    err = _error([*BASE, "--config", str(path)], capsys)
+    assert f"--config {path}:5: key 'lr' given twice (first on line 5)" in err[0], err
