@@ -318,6 +318,11 @@ class CLOCLightningCLI(LightningCLI):
         pinned = any(lg._version is not None for lg in _versioned_loggers(self.trainer)[:1])
         if path == "last":
             path = find_last_checkpoint(self.trainer)
+            if path is None and self.subcommand != "fit":  # nothing to evaluate: say so, not "training starts from scratch"
+                raise FileNotFoundError(
+                    f"--ckpt_path last: no last.ckpt of this run to {self.subcommand} (runs are found under the logger's "
+                    "save_dir and name); give the checkpoint's path, --ckpt_path <run folder>/checkpoints/last.ckpt"
+                )
             if path is None:
                 print_line(self.trainer, "--ckpt_path last: no last checkpoint found for this run; training starts from scratch")
             cfg["ckpt_path"] = path

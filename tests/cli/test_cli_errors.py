@@ -248,3 +248,12 @@ def test_config_typos_fail_naming_the_key(tmp_path: Path) -> None:
     proc = run_main(["fit", "--config", "good.yaml", "--trainer.max_epochz", "1"], tmp_path)
     assert proc.code != 0 and "max_epochz" in proc.stderr, proc.stderr[-2000:]
     assert "Epoch" not in proc.stdout + proc.stderr  # stopped while parsing, before any training
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_evaluating_ckpt_path_last_without_a_run_is_one_line(command: str, tmp_path: Path) -> None:
+    """``test --ckpt_path last`` with no run said "training starts from scratch", then asked for a --ckpt_path the user
+    had given (an outside user); now one line naming what was looked for, and no run folder."""
+    out = run_main([command, *MODEL, *DATA, "--ckpt_path", "last"], tmp_path)
+    assert out.code == 1 and f"--ckpt_path last: no last.ckpt of this run to {command}" in out.stderr, out.stderr[-2000:]
+    assert "training starts from scratch" not in out.stderr and not any(tmp_path.iterdir())
