@@ -20,7 +20,7 @@ from cloc_lightning.distributed import release_process_group
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.threads import restore_threads
 
-__all__ = ["main", "library_error", "packaged_config_fallback"]
+__all__ = ["main", "library_error", "lightning_refusal", "packaged_config_fallback"]
 
 
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
@@ -112,6 +112,30 @@ def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException 
         f"{shown}: this machine cannot run it ({reason}); choose a setting it has, e.g. --trainer.accelerator cpu "
         "--trainer.devices 1 (docs/gpu.md lists the GPU settings)"
     )
+
+
+def lightning_refusal(exc: BaseException) -> BaseException | None:
+    """One line for an error Lightning itself raised while a fit started, before its first optimiser step (a
+    ``val_check_interval`` beyond the epoch's batches, a fraction of batches that rounds to none, ...): the option its
+    message names, Lightning's reason; ``None`` for anything raised later, or raised by a model's, a data module's or
+    any other code than Lightning's (their tracebacks stay)."""
+    if not getattr(exc, "cloc_before_first_step", False):
+        return None
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    where = last.tb_frame.f_code.co_filename.replace(os.sep, "/") if last is not None else ""
+    if "/lightning/" not in where or "/site-packages/" not in where:
+        return None
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    named = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self" and n in reason]
+    first = min(named, key=lambda n: (reason.index(n), -len(n))) if named else None  # the one the message names first
+    option = f"--trainer.{first}: " if first else ""
+    return RuntimeError(f"{option}Lightning refused the run before its first step: {reason}")
 
 
 def loader_worker_error(exc: BaseException) -> BaseException | None:
@@ -216,7 +240,7 @@ def main(args: list[str] | None = None) -> None:
         print(f"cloc-lightning: SIGTERM received; stopped without finishing (exit code {SIGTERM_EXIT_CODE})", file=sys.stderr, flush=True)
         raise SystemExit(SIGTERM_EXIT_CODE) from e
     except Exception as e:  # re-raised unless it is the library's own message
-        err = None if debug else (library_error(e) or loader_worker_error(e) or trainer_setting_error(e, argv))
+        err = None if debug else (library_error(e) or loader_worker_error(e) or trainer_setting_error(e, argv) or lightning_refusal(e))
         if err is None:
             raise
         exit_with_error(err)

@@ -276,6 +276,9 @@ class CLOCLightningCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         except Exception as e:
             self._remove_run_folder_left_empty(e)
+            trainer = getattr(self, "trainer", None)
+            # read by the entry point: a refusal of Lightning's own before the first optimiser step is shown as one line
+            e.cloc_before_first_step = subcommand == "fit" and trainer is not None and trainer.global_step == 0  # type: ignore[attr-defined]
             raise
 
     def _remove_run_folder_left_empty(self, exc: BaseException) -> None:

@@ -78,3 +78,22 @@ def test_an_evaluation_on_no_batch_is_refused_and_leaves_no_run_folder(command: 
     out = run_main([command, *args[1:], "--ckpt_path", str(ckpt), f"--trainer.{key}", "0"], tmp_path)
     assert out.code == 1 and f"--trainer.{key} 0: {command} would run on no batch" in out.stderr, out.stderr[-2000:]
     assert sorted(p.name for p in ckpt.parents[2].iterdir()) == runs
+
+
+@pytest.mark.parametrize(
+    "setting, said",
+    [
+        (["--trainer.val_check_interval", "5"], "--trainer.val_check_interval: Lightning refused the run before its first step"),
+        (["--trainer.limit_val_batches", "0.5"], "--trainer.limit_val_batches: Lightning refused the run before its first step"),
+    ],
+)
+def test_lightnings_refusal_before_the_first_step_is_one_line(setting: list[str], said: str, tmp_path: Path) -> None:
+    """Lightning's own checks when a fit starts (an interval beyond the epoch's 2 batches, half of 1 validation batch)
+    were 56-line tracebacks (an outside user); now one line, and no run folder."""
+    from benchmarks.option_sweep import run_main
+
+    args = ["fit", "--model", "CEModule", "--model.backbone", "test_resnet", "--data", "OrdinalShapesDataModule"]
+    args += ["--data.num_workers", "0", "--data.train_size", "16", "--data.val_size", "8", "--data.batch_size", "8"]
+    out = run_main([*args, "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false", *setting], tmp_path)
+    assert out.code == 1 and said in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not any(tmp_path.iterdir())
