@@ -10,7 +10,8 @@ import pytest
 from benchmarks.option_sweep import run_main
 
 BASE = ["fit", "--model", "CEModule", "--model.backbone", "test_resnet", "--data", "OrdinalShapesDataModule"]
-BASE += ["--data.num_workers", "0", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1"]
+BASE += ["--data.num_workers", "0", "--data.train_size", "16", "--data.val_size", "8", "--data.test_size", "8"]
+BASE += ["--data.batch_size", "8", "--data.image_size", "16", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1"]
 BASE += ["--trainer.enable_progress_bar", "false"]
 
 
