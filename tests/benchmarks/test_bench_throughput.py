@@ -84,6 +84,7 @@ def test_smoke_run_pipeline_and_jitter_tables(smoke: tuple[str, dict[str, Any]])
     assert "Data pipeline per loader core" in md and "Colour augmentation" in md
 
 
+@pytest.mark.slow  # times real benchmark cases: the long tier (pytest -m slow)
 def test_a_time_budget_skips_what_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 

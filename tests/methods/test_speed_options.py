@@ -170,6 +170,7 @@ def plain_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(trainer.checkpoint_callback.last_model_path)  # type: ignore[union-attr]
 
 
+@pytest.mark.slow  # torch.compile: the long tier (pytest -m slow)
 def test_a_compiled_run_saves_plain_keys_that_plain_modules_load_resume_probe_and_init_from(
     compiled_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -293,6 +294,7 @@ def test_cli_resume_takes_the_speed_options_of_the_command_line_not_the_checkpoi
         assert _compiled(cli.model.backbone) == compiled and cli.model.hparams.channels_last == compiled
 
 
+@pytest.mark.slow  # torch.compile: the long tier (pytest -m slow)
 def test_relic_compiles_both_encoders_and_its_checkpoint_probes_plain(tmp_path: Path) -> None:
     torch.manual_seed(0)
     relic = ReLICModule(backbone=TINY_BACKBONE, online_probe=False, knn_k=0, compile_backbone=EAGER)
