@@ -75,6 +75,19 @@ _TRAINER_SETTING_WORDS = (
 _TRAINER_MESSAGE_WORDS = (("Timer(duration", "max_time"),)
 
 
+def _trainer_option_in(reason: str) -> str:
+    """The Trainer argument a Lightning message names first (the longest at one place), else the one its words are
+    about (:data:`_TRAINER_MESSAGE_WORDS`), else ``""``."""
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    named = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self" and n in reason]
+    if named:
+        return min(named, key=lambda n: (reason.index(n), -len(n)))
+    return next((opt for word, opt in _TRAINER_MESSAGE_WORDS if word in reason), "")
+
+
 def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException | None:
     """One line for a Trainer setting Lightning refuses while the Trainer is built: the option named with the value
     given, Lightning's reason and the fix; ``None`` for an error raised anywhere else.
@@ -82,10 +95,6 @@ def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException 
     The accelerator, strategy, device and precision checks say the machine cannot run it; any other check of
     ``Trainer.__init__`` (``gradient_clip_algorithm``, ``profiler``, ...) names the option its message names.
     """
-    import inspect
-
-    from lightning.pytorch import Trainer
-
     frames = []
     tb = exc.__traceback__
     while tb is not None:
@@ -96,12 +105,8 @@ def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException 
         return None
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     low = reason.lower()
-    if machine:
-        option = next((opt for word, opt in _TRAINER_SETTING_WORDS if word in low), "accelerator")
-    else:
-        names = sorted(inspect.signature(Trainer.__init__).parameters, key=len, reverse=True)
-        option = next((n for n in names if n in reason and n != "self"), "")
-        option = option or next((opt for word, opt in _TRAINER_MESSAGE_WORDS if word in reason), "")
+    machine_option = next((opt for word, opt in _TRAINER_SETTING_WORDS if word in low), "accelerator")
+    option = machine_option if machine else _trainer_option_in(reason)
     # the last occurrence: the value in effect when an option is given twice
     given = next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if option and argv[i] == f"--trainer.{option}"), None)
     value = given if given and given.split() == [given] else repr(given)
@@ -127,13 +132,8 @@ def lightning_refusal(exc: BaseException) -> BaseException | None:
     where = last.tb_frame.f_code.co_filename.replace(os.sep, "/") if last is not None else ""
     if "/lightning/" not in where or "/site-packages/" not in where:
         return None
-    import inspect
-
-    from lightning.pytorch import Trainer
-
     reason = " ".join(str(exc).split()) or type(exc).__name__
-    named = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self" and n in reason]
-    first = min(named, key=lambda n: (reason.index(n), -len(n))) if named else None  # the one the message names first
+    first = _trainer_option_in(reason)
     option = f"--trainer.{first}: " if first else ""
     return RuntimeError(f"{option}Lightning refused the run before its first step: {reason}")
 
