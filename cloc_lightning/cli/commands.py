@@ -1,4 +1,4 @@
-"""The ``cloc-lightning`` sub-commands that are not LightningCLI's: ``probe``, ``export-prototypes`` and ``configs``.
+"""The ``cloc-lightning`` sub-commands that are not LightningCLI's: ``probe``, ``export-prototypes``, ``configs``, ``cache``, ``data``.
 
 Each command is a function ``command(argv) -> result`` that parses its own arguments; the
 ``cloc-lightning`` entry point (:func:`cloc_lightning.cli.main`) dispatches ``argv[0]`` through
@@ -28,6 +28,7 @@ from cloc_lightning.checkpoints import read_checkpoint
 from cloc_lightning.cli.helptext import CLOCHelpFormatter
 from cloc_lightning.configs import configs_main
 from cloc_lightning.data.base import BaseDataModule
+from cloc_lightning.data.optimize import ImageFormat, optimize_data
 from cloc_lightning.data.stores import cache_main
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
@@ -175,6 +176,52 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
     return clf
 
 
+# ---------------------------------------------------------------- data optimize
+def data_main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Write a config's data as LitData chunks for data.stream_from: ``data optimize --config CFG --out DIR_OR_URL``.
+
+    The data module is built from the config's ``data`` section (``--data.<arg>`` overrides it; the
+    ``model``/``trainer`` sections are read and ignored) and :func:`~cloc_lightning.data.optimize.optimize_data`
+    writes its splits; returns the ``cloc_stream.json`` record.
+    """
+    argv = list(argv or [])
+    if argv[:1] != ["optimize"]:
+        problem = f"unknown action {argv[0]!r}; " if argv and not argv[0].startswith("-") else ""
+        if argv[:1] in (["-h"], ["--help"]):
+            print("usage: cloc-lightning data optimize --config CFG --out DIR_OR_URL [options]  (data optimize --help: the options)")
+            return {}
+        raise ValueError(f"cloc-lightning data: {problem}give `data optimize --config CFG --out DIR_OR_URL`")
+    parser = ArgumentParser(
+        prog="cloc-lightning data optimize",
+        formatter_class=CLOCHelpFormatter,
+        description="Write every split of a config's data module as LitData chunks (local folder or s3:// URL) for data.stream_from.",
+        default_env=False,
+    )
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module whose splits are written")
+    parser.add_argument("--out", type=str, required=True, help="a folder (created) or an object-storage URL (s3://bucket/prefix)")
+    parser.add_argument("--format", type=ImageFormat, default="jpeg", help="jpeg, webp, png (lossless) or raw (data.cache's pixels)")
+    parser.add_argument("--quality", type=int, default=95, help="JPEG / WebP quality, 1-100")
+    parser.add_argument("--workers", type=int | None, default=None, help="writer processes (default: the CPUs, at most 8)")
+    parser.add_argument("--chunk_bytes", type=str, default="64MB", help="bytes per chunk, e.g. 64MB")
+    parser.add_argument("--splits", type=list[str], default=["train", "val", "test"], help="the splits to write")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace chunks built from other data at --out")
+    for key in ("model", "trainer", "optimizer", "lr_scheduler", "ckpt_path", "seed_everything"):  # a fit config's other sections
+        parser.add_argument(f"--{key}", type=Any, default=None, help=argparse.SUPPRESS)
+    cfg = parser.parse_args(argv[1:])
+    init = parser.instantiate_classes(cfg)
+    return optimize_data(
+        init.data,
+        cfg.out,
+        image_format=cfg.format,
+        quality=cfg.quality,
+        workers=cfg.workers,
+        chunk_bytes=cfg.chunk_bytes,
+        splits=cfg.splits,
+        overwrite=cfg.overwrite,
+    )
+
+
 #: the sub-commands of ``cloc-lightning`` beside LightningCLI's (name -> ``command(argv)``); the
 #: first line of each docstring is its ``--help`` summary.  Register your own here.
 COMMANDS: dict[str, Callable[[list[str] | None], Any]] = {
@@ -182,4 +229,5 @@ COMMANDS: dict[str, Callable[[list[str] | None], Any]] = {
     "export-prototypes": export_prototypes_main,
     "configs": configs_main,
     "cache": cache_main,
+    "data": data_main,
 }

@@ -33,25 +33,34 @@ from torch.utils.data import DataLoader, Dataset
 from cloc_lightning.data.cache import Cache, OnTheFlyStore, StoredImages, StoreLayout
 from cloc_lightning.data.datasets import BadFiles, ImageFileDataset, LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.device_augment import DeviceAugment, DeviceCollate, ViewSpec, eval_images
-from cloc_lightning.data.errors import DataConfigError, check_base_sets, config_errors
+from cloc_lightning.data.errors import (
+    DataConfigError,
+    auto_workers,
+    check_base_sets,
+    check_rrc_scale,
+    check_triple,
+    config_errors,
+    is_uint8_batch,
+)
 from cloc_lightning.data.eval_sharding import exact_eval_loader
 from cloc_lightning.data.predict import read_predict_root
 from cloc_lightning.data.seeding import DataSeedMixin
 from cloc_lightning.data.store_setup import READS as _READS
 from cloc_lightning.data.store_setup import StoreMixin
+from cloc_lightning.data.stream_setup import StreamMixin
+from cloc_lightning.data.streaming import parse_size
 from cloc_lightning.data.tables import hash_fraction
 from cloc_lightning.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Augment,
     ViewTransform,
-    check_crop_scale,
     eval_transform,
     train_transform,
     train_view_specs,
 )
 from cloc_lightning.metrics import Task
-from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler, ResumableDataLoader
+from cloc_lightning.resume import ResumableDataLoader
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 log = logging.getLogger(__name__)
@@ -66,34 +75,7 @@ AugmentOn = Literal["loader", "device"]
 DEFAULT_RRC_SCALE: tuple[float, float] = (0.5, 1.0)
 
 
-def _check_rrc_scale(value: Any) -> tuple[float, float]:
-    """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a :class:`DataConfigError`."""
-    with config_errors():
-        return check_crop_scale("rrc_scale", value)
-
-
-def _check_triple(name: str, value: Any, *, positive: bool) -> tuple[float, float, float] | None:
-    """``None``, or three finite numbers (``positive``: each > 0), else a ``ValueError``/``TypeError`` naming ``name``."""
-    if value is None:
-        return None
-    hint = f"give one number per RGB channel, e.g. {name}: [0.5, 0.5, 0.5], or null for the data module's own"
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 3:
-        raise ValueError(f"{name} must be three numbers (R, G, B), got {value!r}; {hint}")
-    lo = 0.0 if positive else None
-    a, b, c = (check_float(f"{name}[{i}]", v, minimum=lo, strict_minimum=positive, hint=hint) for i, v in enumerate(value))
-    return (a, b, c)
-
-
-def _is_uint8_batch(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 4
-
-
-def _auto_workers() -> int:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(8, max(0, cpus - 1))
-
-
-class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
+class BaseDataModule(DataSeedMixin, StoreMixin, StreamMixin, L.LightningDataModule):
     """Base of every data module: loaders, transforms, multi-view hook, subsampling.
 
     Subclasses implement :meth:`build_base_sets`, which sets ``self.class_names`` (one name per class,
@@ -119,6 +101,12 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
             ``~/.cache/cloc_lightning/images``).
         cache_size: side in px of the stored training images when the pipeline starts with a
             RandomResizedCrop (default: the rule in :mod:`cloc_lightning.data.cache`).
+        stream_from: train and evaluate from the LitData chunks that ``cloc-lightning data optimize``
+            wrote (a folder or an ``s3://`` URL; :mod:`cloc_lightning.data.streaming`) instead of the
+            files: the same transforms and views, in chunk order; for data beyond a node's disk.
+        stream_cache_dir: where chunks of a remote ``stream_from`` are kept (default
+            ``$CLOC_CACHE_DIR/chunks`` or ``~/.cache/cloc_lightning/chunks``).
+        stream_cache_limit: at most this much in ``stream_cache_dir`` (e.g. ``50GB``); used chunks are evicted.
         augment_on: ``loader`` (default; torchvision per sample in the loader workers: the
             seed-equivalent path) or ``device``: the loader hands over ``uint8`` images and
             ``on_after_batch_transfer`` makes the views of the whole batch on the training device
@@ -185,6 +173,9 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
         cache_dir: str | None = None,
         cache_size: int | None = None,
         augment_on: AugmentOn = "loader",
+        stream_from: str | None = None,
+        stream_cache_dir: str | None = None,
+        stream_cache_limit: str = "50GB",
     ) -> None:
         super().__init__()
         with config_errors():
@@ -196,8 +187,8 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
                     "num_workers", num_workers, 0, hint="loader worker processes; 0 loads in the main process, null picks min(8, cpus - 1)"
                 )
             check_int("image_size", image_size, 1, hint="the side in pixels of the square images the model sees, e.g. 32")
-            mean = _check_triple("mean", mean, positive=False)
-            std = _check_triple("std", std, positive=True)
+            mean = check_triple("mean", mean, positive=False)
+            std = check_triple("std", std, positive=True)
             if few_shot is not None:
                 check_int("few_shot", few_shot, 1, hint="images per class, or null: all")
             check_float("train_fraction", train_fraction, minimum=0.0, strict_minimum=True, maximum=1.0)
@@ -212,13 +203,26 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
                 check_int(
                     "cache_size", cache_size, 8, hint="px of the stored images' long side, or null: the rule of cloc_lightning.data.cache"
                 )
+            if stream_from is not None and not str(stream_from).strip():
+                raise ValueError("stream_from is empty; give the --out of `cloc-lightning data optimize` (a folder or s3:// URL), or null")
+            if stream_from is not None and cache != "none":
+                raise ValueError(
+                    f"cache={cache} and stream_from are two answers to one question (where the decoded images live); set "
+                    "data.cache: none to stream the chunks, or remove data.stream_from to cache the files"
+                )
+            if stream_cache_dir is not None and not str(stream_cache_dir).strip():
+                raise ValueError("stream_cache_dir is empty; give a folder for downloaded chunks, or null for the default")
+            self.stream_cache_bytes = parse_size("stream_cache_limit", stream_cache_limit)
+        self.stream_from = stream_from
+        self.stream_cache_dir = stream_cache_dir
+        self.stream_cache_limit = stream_cache_limit
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = _auto_workers() if num_workers is None else num_workers
+        self.num_workers = auto_workers() if num_workers is None else num_workers
         self.pin_memory = pin_memory
         self.image_size = image_size
         self.augment = augment
-        self.rrc_scale = _check_rrc_scale(rrc_scale)
+        self.rrc_scale = check_rrc_scale(rrc_scale)
         if self.rrc_scale != DEFAULT_RRC_SCALE and (augment != "rrc_flip" or train_views is not None):
             why = (
                 "train_views is set and the views use their own crop scale (e.g. SupConViews.scale)"
@@ -271,7 +275,7 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
     def num_classes(self) -> int:
         """Number of classes (ranks for ordinal tasks); fewer than 2 is a :class:`DataConfigError` naming the classes found."""
         if not self.class_names:
-            self.class_names = self.discover_class_names()
+            self.class_names = self._stream_class_names() if self.stream_from else self.discover_class_names()
         self._check_class_count()
         return len(self.class_names)
 
@@ -342,9 +346,9 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
             views = self.device_augment().apply(batch["images"], batch["params"])
             images: Any = views if self.train_views is not None else views[0]
             return (images, batch["labels"]) if "labels" in batch else images
-        if isinstance(batch, (list, tuple)) and batch and _is_uint8_batch(batch[0]):
+        if isinstance(batch, (list, tuple)) and batch and is_uint8_batch(batch[0]):
             return (eval_images(batch[0], self.image_size, self.mean, self.std), *batch[1:])
-        if _is_uint8_batch(batch):
+        if is_uint8_batch(batch):
             return eval_images(batch, self.image_size, self.mean, self.std)
         return batch
 
@@ -403,7 +407,7 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
 
     def _ensure_base(self) -> dict[str, LabelledDataset]:
         if self._base is None:
-            base = check_base_sets(type(self).__name__, self.build_base_sets())
+            base = check_base_sets(type(self).__name__, self._stream_base_sets() if self.stream_from else self.build_base_sets())
             n_classes = len(self.class_names)
             self._check_class_count()
             for split, ds in base.items():
@@ -507,12 +511,9 @@ class BaseDataModule(DataSeedMixin, StoreMixin, L.LightningDataModule):
         if isinstance(ds, StoredSubset) and ds.train:
             common["collate_fn"] = DeviceCollate(self.device_augment())
         if shuffle:
-            shard = self._distributed()
-            if shard is not None:  # each process's share of the epoch's order, resumable mid-epoch
-                sampler: Any = DistributedEpochShuffleSampler(ds, shard[0], shard[1], seed=self.train_seed)
-            else:  # no ``shuffle=`` argument: Lightning sees a RandomSampler, i.e. a shuffled loader
-                sampler = EpochShuffleSampler(ds, self.train_seed)
-            return ResumableDataLoader(ds, sampler=sampler, **common)
+            # under DDP each process's share of the epoch's order; resumable mid-epoch; in chunk order over a stream.
+            # No ``shuffle=`` argument: Lightning sees a RandomSampler (a DistributedSampler under DDP) and keeps it
+            return ResumableDataLoader(ds, sampler=self._train_sampler(ds, self._distributed()), **common)
         return DataLoader(ds, shuffle=False, **common)
 
     def _worker_kwargs(self) -> dict[str, Any]:

@@ -77,6 +77,7 @@ __all__ = [
     "StoredImages",
     "OnTheFlyStore",
     "store_image",
+    "slot_of",
     "build_store",
     "store_key",
     "fit_store_size",
@@ -143,15 +144,22 @@ def store_image(image: Any, layout: StoreLayout) -> tuple[torch.Tensor, tuple[in
         x = TF.resize(x, [h, w], antialias=True)
     else:
         h, w = H, W
+    return slot_of(x, layout), (H, W), (h, w)
+
+
+def slot_of(x: torch.Tensor, layout: StoreLayout) -> torch.Tensor:
+    """The ``uint8 [3, S, S]`` slot of a stored image ``x [3, h, w]`` (``h, w <= S``): ``x`` itself when it fills it."""
+    S = layout.size
+    h, w = int(x.shape[1]), int(x.shape[2])
     if (h, w) == (S, S):
-        return x, (H, W), (h, w)
+        return x
     # the rest of the slot repeats the last column and row: a crop's bilinear samples half a pixel past the
     # image's edge read the edge (as a resize of the crop does), never black padding
     slot = torch.empty(3, S, S, dtype=torch.uint8)
     slot[:, :h, :w] = x
     slot[:, :h, w:] = x[:, :, w - 1 : w]
     slot[:, h:, :] = slot[:, h - 1 : h, :]
-    return slot, (H, W), (h, w)
+    return slot
 
 
 class StoredImages(LabelledDataset):

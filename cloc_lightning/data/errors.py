@@ -8,13 +8,26 @@ message names the fix.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import torch
 
 from cloc_lightning.validation import check_float
 
-__all__ = ["DataConfigError", "config_errors", "check_val_fraction", "check_split_fractions", "check_base_sets"]
+__all__ = [
+    "DataConfigError",
+    "config_errors",
+    "check_val_fraction",
+    "check_split_fractions",
+    "check_base_sets",
+    "check_rrc_scale",
+    "check_triple",
+    "is_uint8_batch",
+    "auto_workers",
+]
 
 
 class DataConfigError(ValueError):
@@ -120,3 +133,34 @@ def check_base_sets(owner: str, base: Any) -> Any:
         if lacks:
             raise DataConfigError(f"{owner}.build_base_sets: the {split} set is a {type(ds).__name__} without {lacks}; {fix}")
     return base
+
+
+def check_rrc_scale(value: Any) -> tuple[float, float]:
+    """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a :class:`DataConfigError`."""
+    from cloc_lightning.data.transforms import check_crop_scale
+
+    with config_errors():
+        return check_crop_scale("rrc_scale", value)
+
+
+def check_triple(name: str, value: Any, *, positive: bool) -> tuple[float, float, float] | None:
+    """``None``, or three finite numbers (``positive``: each > 0), else a ``ValueError``/``TypeError`` naming ``name``."""
+    if value is None:
+        return None
+    hint = f"give one number per RGB channel, e.g. {name}: [0.5, 0.5, 0.5], or null for the data module's own"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 3:
+        raise ValueError(f"{name} must be three numbers (R, G, B), got {value!r}; {hint}")
+    lo = 0.0 if positive else None
+    a, b, c = (check_float(f"{name}[{i}]", v, minimum=lo, strict_minimum=positive, hint=hint) for i, v in enumerate(value))
+    return (a, b, c)
+
+
+def is_uint8_batch(x: Any) -> bool:
+    """Whether ``x`` is a ``uint8 [B, 3, H, W]`` batch (the device path's evaluation images)."""
+    return isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 4
+
+
+def auto_workers() -> int:
+    """``num_workers: null``: one loader worker per CPU this process may use, but one, at most 8."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, max(0, cpus - 1))

@@ -103,8 +103,8 @@ class StoreMixin:
 
         ``decode=False``: never decoded ahead (the training split of a validate/test/predict run).
         """
-        if self.cache == "none" and self.augment_on == "loader":
-            return base
+        if (self.cache == "none" and self.augment_on == "loader") or (callable(getattr(base, "stored", None)) and split != "train_eval"):
+            return base  # a chunk split (data.stream_from) is stored already
         # the training split's evaluation copy may be asked for by one process alone (a probe): no collective then
         group = StoreGroup() if split == "train_eval" else StoreGroup.of_trainer(getattr(self, "trainer", None))
         layout, problem = None, None

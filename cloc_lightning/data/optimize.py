@@ -1,0 +1,293 @@
+"""``cloc-lightning data optimize``: write a data module's splits as LitData chunks for ``data.stream_from``.
+
+Every split (``train``, ``val``, ``test``) is decoded once, laid out as ``data.cache`` stores it (the
+training split at the stored-size rule of :mod:`cloc_lightning.data.cache` for the config's views,
+the evaluation splits resized to ``image_size``), encoded (``--format``: ``jpeg`` by default, ``webp``,
+lossless ``png``, or ``raw`` pixels, bit-identical to a ``data.cache`` store) and written with
+``litdata.optimize`` in parallel worker processes, with LitData's progress bar.  The training
+split is written in a fixed shuffled order (a hash of the file names, the same for every seed), so
+each chunk is a random sample of the classes; the evaluation splits keep their order.
+
+What it was built from is recorded: ``<out>/<split>/cloc_split.json`` (labels, file names, layout,
+chunk sizes, the split's identity: the ``data.cache: disk`` key of the same files and layout plus
+the format) and ``<out>/cloc_stream.json`` (the data module, its source, classes, format, versions).
+A rerun keeps the splits that are complete and built from the same data, and rewrites the others,
+so an interrupted run is continued by running the same command again; an ``--out`` built from
+other data is refused (give another ``--out``, or ``--overwrite``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from cloc_lightning.data.cache import StoreLayout, native_sizes, store_image, store_key
+from cloc_lightning.data.datasets import ImageFileDataset, LabelledDataset
+from cloc_lightning.data.errors import DataConfigError
+from cloc_lightning.data.streaming import (
+    SPLIT_FILE,
+    STREAM_FILE,
+    STREAM_FORMAT,
+    StreamError,
+    is_remote,
+    join_url,
+    parse_size,
+    read_json,
+    require_litdata,
+)
+from cloc_lightning.data.tables import hash_fraction
+
+__all__ = ["ImageFormat", "optimize_data", "ChunkEncoder", "write_json"]
+
+#: how ``data optimize`` stores an image: ``jpeg`` (default), ``webp``, lossless ``png``, or the ``raw`` uint8 pixels
+ImageFormat = Literal["jpeg", "webp", "png", "raw"]
+SPLITS = ("train", "val", "test")
+
+
+class ChunkEncoder:
+    """``(position, source index)`` -> the chunk item of one image (runs in LitData's worker processes, pickled).
+
+    The item: ``index`` (its position in the split's chunks), ``label``, the stored size ``h, w``, the
+    original size ``nh, nw``, the ``codec`` and the ``image`` bytes.
+    """
+
+    def __init__(self, base: LabelledDataset, layout: StoreLayout, image_format: str, quality: int) -> None:
+        self.base = base
+        self.layout = layout
+        self.image_format = image_format
+        self.quality = int(quality)
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        """The bytes of ``x [3, h, w]`` (uint8) in this encoder's format."""
+        if self.image_format == "raw":
+            return bytes(x.contiguous().numpy().tobytes())
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        image = Image.fromarray(x.permute(1, 2, 0).contiguous().numpy())
+        if self.image_format == "png":
+            image.save(buffer, format="PNG", compress_level=1)
+        else:
+            image.save(buffer, format=self.image_format.upper(), quality=self.quality)
+        return buffer.getvalue()
+
+    def __call__(self, work: Sequence[int]) -> dict[str, Any]:
+        position, source = int(work[0]), int(work[1])
+        image = self.base.load(source)
+        slot, native, stored = store_image(image, self.layout)
+        h, w = stored
+        return {
+            "index": position,
+            "label": int(self.base.targets[source]),
+            "h": int(h),
+            "w": int(w),
+            "nh": int(native[0]),
+            "nw": int(native[1]),
+            "codec": self.image_format,
+            "image": self.encode(slot[:, :h, :w]),
+        }
+
+
+def write_json(url: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to a local path or an object-storage URL (through LitData's file-system provider)."""
+    text = json.dumps(data, indent=1)
+    if not is_remote(url):
+        path = Path(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        return
+    from litdata.streaming.fs_provider import _get_fs_provider
+
+    with tempfile.TemporaryDirectory() as folder:
+        local = os.path.join(folder, os.path.basename(url))
+        Path(local).write_text(text)
+        _get_fs_provider(url).upload_file(local, url)
+
+
+def _existing(url: str, what: str) -> dict[str, Any] | None:
+    try:
+        return read_json(url, what, "")
+    except StreamError as e:
+        if "no " + what + " there" in str(e):
+            return None
+        raise
+
+
+def _kept(base: LabelledDataset, split: str, bad_files: str) -> list[int]:
+    """The source indices written: all, or (``bad_files: skip``) those that decode, with one line saying how many were left out."""
+    if bad_files != "skip" or not isinstance(base, ImageFileDataset):
+        return list(range(len(base)))
+    bad = set(base.unreadable())
+    if bad:
+        print(f"data optimize: bad_files: skip: {len(bad)} unreadable image(s) of the {split} split are not written", flush=True)
+    return [i for i in range(len(base)) if i not in bad]
+
+
+def optimize_data(
+    datamodule: Any,
+    out: str,
+    *,
+    image_format: ImageFormat = "jpeg",
+    quality: int = 95,
+    workers: int | None = None,
+    chunk_bytes: str = "64MB",
+    splits: Sequence[str] = SPLITS,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write ``datamodule``'s splits to ``out`` as LitData chunks; returns the ``cloc_stream.json`` record.
+
+    Args:
+        datamodule: a :class:`~cloc_lightning.data.base.BaseDataModule` (not set up; its files are read here).
+        out: a local folder or an object-storage URL (``s3://bucket/prefix``; credentials from the environment).
+        image_format: ``jpeg``, ``webp``, ``png`` (lossless) or ``raw`` (the stored pixels, bit-identical to ``data.cache``).
+        quality: JPEG/WebP quality (1-100).
+        workers: LitData worker processes (default: the CPUs, at most 8).
+        chunk_bytes: the size of a chunk, e.g. ``64MB``.
+        splits: the splits to write.
+        overwrite: rewrite an ``out`` that was built from other data (otherwise refused).
+
+    Raises:
+        StreamError: LitData missing, an ``out`` built from other data, a split LitData did not finish.
+    """
+    litdata = require_litdata("cloc-lightning data optimize")
+    if image_format not in ("jpeg", "webp", "png", "raw"):
+        raise DataConfigError(f"--format {image_format!r} is not a format; give jpeg, webp, png or raw")
+    if not 1 <= int(quality) <= 100:
+        raise DataConfigError(f"--quality {quality} is outside 1-100; give e.g. 95")
+    parse_size("--chunk_bytes", chunk_bytes)
+    if getattr(datamodule, "stream_from", None):
+        raise DataConfigError("data.stream_from is set in this config: data optimize reads the original files; remove data.stream_from")
+    workers = int(workers) if workers is not None else max(1, min(8, os.cpu_count() or 1))
+    if not is_remote(out):
+        out = os.path.abspath(os.path.expanduser(out))
+        if os.path.isfile(out):
+            raise DataConfigError(f"--out {out} is a file; give a folder (it is created) or an s3:// URL")
+    base = datamodule._ensure_base()
+    name = type(datamodule).__name__
+    previous = _existing(join_url(out, STREAM_FILE), STREAM_FILE)
+    record: dict[str, Any] = {
+        "format_version": STREAM_FORMAT,
+        "data_module": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
+        "source": datamodule.data_source(),
+        "class_names": [str(c) for c in datamodule.class_names],
+        "task": getattr(datamodule, "task", None),
+        "image_size": int(datamodule.image_size),
+        "image_format": image_format,
+        "quality": int(quality) if image_format in ("jpeg", "webp") else None,
+        "splits": {},
+    }
+    if previous is not None and not overwrite and previous.get("source") != record["source"]:
+        raise StreamError(
+            f"{out} holds chunks of {previous.get('source')}, not of {record['source']}; give another --out, or --overwrite to replace them"
+        )
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        for split in splits:
+            if split not in base:
+                raise DataConfigError(f"--splits {split!r}: {name} has the splits {sorted(base)}")
+            record["splits"][split] = _write_split(
+                litdata, datamodule, base[split], split, out, image_format, int(quality), workers, chunk_bytes, overwrite
+            )
+    finally:  # litdata.optimize switches the process to 'spawn'; give the caller its own start method back
+        if start_method is not None and multiprocessing.get_start_method(allow_none=True) != start_method:
+            multiprocessing.set_start_method(start_method, force=True)
+    if previous is not None and not overwrite:
+        for split, kept in (previous.get("splits") or {}).items():
+            record["splits"].setdefault(split, kept)
+    long, aspect = native_sizes(base["train"]) if "train" in base else (None, 1.0)
+    record.update(native_long_side=long, native_aspect=aspect, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), versions=_versions())
+    write_json(join_url(out, STREAM_FILE), record)
+    return record
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("cloc-lightning", "litdata", "torch", "torchvision", "pillow"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def _write_split(
+    litdata: Any,
+    datamodule: Any,
+    base: LabelledDataset,
+    split: str,
+    out: str,
+    image_format: str,
+    quality: int,
+    workers: int,
+    chunk_bytes: str,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """Write one split (or keep it, when a complete copy built from the same data is there); its summary."""
+    layout = datamodule.store_layout(split, base)
+    what = f"the {split} split of {type(datamodule).__name__}"
+    identity = f"{store_key(base, layout, what)}/{image_format}/{quality if image_format in ('jpeg', 'webp') else '-'}"
+    url = join_url(out, split)
+    meta_url = join_url(url, SPLIT_FILE)
+    previous = _existing(meta_url, SPLIT_FILE)
+    summary = {"n": None, "identity": identity, "layout": layout.describe()}
+    if previous is not None and previous.get("identity") == identity and not overwrite:
+        print(f"data optimize: {split}: kept ({previous.get('n')} images, complete, built from the same data)", flush=True)
+        summary["n"] = previous.get("n")
+        return summary
+    kept = _kept(base, split, datamodule.bad_files)
+    if split == "train":  # chunks are random samples of the classes (a fixed order: the same for every seed)
+        keys = _keys(base)
+        kept = sorted(kept, key=lambda i: hash_fraction(keys[i], "chunks"))
+    print(f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}", flush=True)
+    litdata.optimize(
+        fn=ChunkEncoder(base, layout, image_format, quality),
+        inputs=[(p, s) for p, s in enumerate(kept)],
+        output_dir=url,
+        chunk_bytes=chunk_bytes,
+        num_workers=min(workers, max(1, len(kept))),
+        mode="overwrite",
+        keep_data_ordered=True,
+        start_method="spawn",
+    )
+    index = read_json(join_url(url, "index.json"), "LitData index", "run data optimize again")
+    chunk_sizes = [int(c["chunk_size"]) for c in index.get("chunks", [])]
+    if sum(chunk_sizes) != len(kept):
+        raise StreamError(f"{url}: LitData wrote {sum(chunk_sizes)} of {len(kept)} images; run data optimize again to rewrite the split")
+    keys = _keys(base)
+    meta = {
+        "split": split,
+        "n": len(kept),
+        "identity": identity,
+        "layout": {"mode": layout.mode, "size": layout.size},
+        "labelled": bool(getattr(base, "labelled", True)),
+        "targets": [int(base.targets[i]) for i in kept],
+        "keys": [keys[i] for i in kept],
+        "source_index": kept,
+        "chunk_sizes": chunk_sizes,
+        "bytes": int(sum(int(c.get("chunk_bytes", 0)) for c in index.get("chunks", []))),
+        "image_format": image_format,
+    }
+    write_json(meta_url, meta)  # written last: a split with this file is complete
+    summary["n"] = len(kept)
+    summary["bytes"] = meta["bytes"]
+    return summary
+
+
+def _keys(base: LabelledDataset) -> list[str]:
+    files = getattr(base, "files", None)
+    if files is not None:
+        return [os.path.basename(str(f)) for f in files]
+    return [str(i) for i in range(len(base))]

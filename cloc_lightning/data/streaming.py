@@ -1,0 +1,367 @@
+"""``data.stream_from``: train from LitData chunks on a local disk or in object storage.
+
+A *chunk set* is what ``cloc-lightning data optimize`` writes (:mod:`cloc_lightning.data.optimize`):
+one LitData chunk folder per split (``<url>/train``, ``<url>/val``, ``<url>/test``), each with a
+``cloc_split.json`` (the labels, file names and stored layout, in chunk order), and a
+``cloc_stream.json`` at the top saying what it was built from.  The images are the stored images of
+``data.cache`` (the same layout and size rule of :mod:`cloc_lightning.data.cache`), encoded once
+(``raw`` pixels, ``png``, ``jpeg`` or ``webp``).
+
+Reading is LitData's (`Lightning-AI/litData <https://github.com/Lightning-AI/litData>`_):
+:class:`ChunkSplit` opens a ``litdata.StreamingDataset`` per process (lazily, so loader workers open
+their own) and reads sample ``i`` by index; LitData downloads the chunk it lies in to a local cache
+folder, keeps at most ``stream_cache_limit`` bytes there and evicts used chunks.  A chunk split is
+a stored base set like :class:`~cloc_lightning.data.cache.StoredImages` (``stored(i)``, ``load(i)``,
+``targets``), so the transforms, the views, ``augment_on: device``, the subsampling and the exact
+evaluation under DDP are the data module's own, unchanged.
+
+The *order* is ours, not LitData's: :class:`ChunkShuffleSampler` draws epoch ``e``'s order from
+``(seed, e)`` alone -- the chunks in a random order, the samples shuffled within windows of
+``window`` chunks -- so a worker reads a chunk from start to end before it moves on, and a resumed
+run skips the batches already seen (:class:`~cloc_lightning.resume.ResumableDataLoader`).  Under DDP
+every process takes one contiguous part of that order (:class:`DistributedChunkShuffleSampler`), so
+each reads its own chunks.  The order is a function of ``(seed, epoch, number of processes)``, the
+views of ``(seed, epoch, sample index)``: neither depends on LitData's loader state, which has open
+resume reports (Lightning-AI/litData#248 across nodes, #760 after a second epoch broken off early).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from cloc_lightning.data.cache import StoreLayout, slot_of
+from cloc_lightning.data.datasets import LabelledDataset
+from cloc_lightning.data.errors import DataConfigError
+from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler, epoch_seed
+
+__all__ = [
+    "STREAM_FILE",
+    "SPLIT_FILE",
+    "StreamError",
+    "ChunkSplit",
+    "ChunkShuffleSampler",
+    "DistributedChunkShuffleSampler",
+    "chunk_order",
+    "read_json",
+    "is_remote",
+    "join_url",
+    "parse_size",
+    "require_litdata",
+    "decode_item",
+]
+
+#: the chunk set's record of what it was built from (at the top of ``--out``)
+STREAM_FILE = "cloc_stream.json"
+#: each split's labels, file names and layout, in chunk order (in ``<out>/<split>/``)
+SPLIT_FILE = "cloc_split.json"
+#: what a chunk set's records mean; bumped when they change
+STREAM_FORMAT = 1
+
+
+class StreamError(DataConfigError):
+    """A chunk set that cannot be read (missing, denied, truncated, built from other data): the message names the URL and the fix."""
+
+
+def require_litdata(what: str) -> Any:
+    """``litdata``, or a one-line :class:`StreamError` saying how to install it."""
+    try:
+        import litdata
+    except ImportError as e:
+        raise StreamError(f'{what} needs LitData, which is not installed: pip install "cloc-lightning[streaming]" ({e})') from None
+    _allow_http_endpoint()
+    return litdata
+
+
+def _allow_http_endpoint() -> None:
+    """Let LitData's object-store client talk to an ``http://`` S3 endpoint (a local MinIO or moto server).
+
+    LitData 0.2.7x builds its obstore S3 client with fixed client options, and obstore refuses plain
+    HTTP unless ``allow_http`` is set; only an ``http://`` ``AWS_ENDPOINT_URL`` (given by the user) turns it on.
+    """
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    if not endpoint.startswith("http://"):
+        return
+    try:
+        from litdata.streaming import downloader
+    except ImportError:
+        return
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        options["allow_http"] = "true"
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names object storage (``s3://``, ``gs://``, ...) rather than a local folder."""
+    scheme = urlparse(str(url)).scheme
+    return len(scheme) > 1  # 'C:' of a Windows path is not a scheme
+
+
+def join_url(url: str, *parts: str) -> str:
+    """``url/part/...`` for a local folder or an object-storage URL."""
+    if is_remote(url):
+        return "/".join([str(url).rstrip("/"), *parts])
+    return os.path.join(os.path.expanduser(str(url)), *parts)
+
+
+def parse_size(name: str, value: Any) -> int:
+    """Bytes of ``'50GB'``, ``'512MB'``, ``'2.5 GiB'`` or a plain number, else a one-line error naming ``name``."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    text = str(value).strip().upper().replace(" ", "")
+    number = text.rstrip("KMGTIB")
+    unit = text[len(number) :]
+    try:
+        n = float(number)
+    except ValueError:
+        n = -1.0
+    if unit not in units or not n > 0 or not np.isfinite(n):
+        raise StreamError(f"{name}={value!r} is not a size; give bytes as a number or with a unit, e.g. 50GB or 512MB")
+    return int(n * units[unit])
+
+
+def _s3_problem(url: str, error: BaseException) -> str | None:
+    """A botocore error of reading ``url`` in words, with the fix; ``None`` when it is not one."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = str(response.get("Error", {}).get("Code", ""))
+    bucket = urlparse(url).netloc
+    if code in ("NoSuchBucket",):
+        return f"the bucket {bucket!r} does not exist at {os.environ.get('AWS_ENDPOINT_URL', 'the default S3 endpoint')}; check the URL, or AWS_ENDPOINT_URL for an S3-compatible server"
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+        return f"access denied ({code}); give credentials that may read {bucket!r} in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+    if code in ("NoSuchKey", "404", "NotFound"):
+        return "no such object"
+    return f"{code}: {response.get('Error', {}).get('Message', '')}".strip()
+
+
+def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
+    """The JSON object at ``url`` (a local file or an ``s3://``/other LitData URL), else a one-line :class:`StreamError`."""
+    if not is_remote(url):
+        path = Path(url)
+        if not path.is_file():
+            raise StreamError(f"{url}: no {what} there; {fix}")
+        text = path.read_text()
+    else:
+        require_litdata("data.stream_from")
+        from litdata.streaming.fs_provider import _get_fs_provider
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = os.path.join(tmp, os.path.basename(urlparse(url).path) or "file.json")
+            try:
+                _get_fs_provider(url).download_file(url, local)
+            except Exception as e:  # noqa: BLE001 - botocore/gcs/azure errors: classified where they can be, else the client's words
+                problem = _s3_problem(url, e)
+                if problem == "no such object":
+                    raise StreamError(f"{url}: no {what} there; {fix}") from None
+                detail = problem or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise StreamError(f"{url}: cannot read the {what}: {detail}") from None
+            text = Path(local).read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise StreamError(f"{url}: the {what} is not valid JSON ({e}); the chunk set is damaged: {fix}") from None
+    if not isinstance(data, dict):
+        raise StreamError(f"{url}: the {what} is not a JSON object; {fix}")
+    return data
+
+
+def decode_item(item: dict[str, Any]) -> torch.Tensor:
+    """The ``uint8 [3, h, w]`` stored image of a chunk item (raw bytes, or PNG/JPEG/WebP decoded with torchvision)."""
+    h, w = int(item["h"]), int(item["w"])
+    data = item["image"]
+    if item.get("codec", "raw") == "raw":
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(3, h, w)
+    from torchvision.io import ImageReadMode, decode_image
+
+    x = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    if tuple(x.shape) != (3, h, w):
+        raise ValueError(f"decoded {tuple(x.shape)}, the chunk set records (3, {h}, {w})")
+    return x
+
+
+class ChunkSplit(LabelledDataset):
+    """One split of a chunk set, read by index: a stored base set (``stored``, ``load``, ``targets``).
+
+    Args:
+        url: the split's chunk folder (``<stream_from>/<split>``).
+        meta: its ``cloc_split.json``.
+        cache_dir: where LitData keeps downloaded chunks (remote sets; ``None``: LitData's default).
+        cache_limit: at most this many bytes of chunks in ``cache_dir``.
+    """
+
+    def __init__(self, url: str, meta: dict[str, Any], cache_dir: str | None = None, cache_limit: int | None = None) -> None:
+        self.url = url
+        self.meta = meta
+        self.targets = [int(t) for t in meta["targets"]]
+        self.labelled = bool(meta.get("labelled", True))
+        self.files = list(meta.get("keys") or [str(i) for i in range(len(self.targets))])
+        self.layout = StoreLayout(meta["layout"]["mode"], int(meta["layout"]["size"]))
+        self.cache_dir = cache_dir
+        self.cache_limit = cache_limit
+        self.chunk_sizes = [int(n) for n in meta["chunk_sizes"]]
+        self._ds: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_ds"] = None  # every process (loader worker) opens its own reader
+        return state
+
+    def _dataset(self) -> Any:
+        if self._ds is None:
+            litdata = require_litdata("data.stream_from")
+            kwargs: dict[str, Any] = {}
+            if is_remote(self.url):
+                if self.cache_dir is not None:
+                    kwargs["cache_dir"] = self.cache_dir
+                if self.cache_limit is not None:
+                    kwargs["max_cache_size"] = self.cache_limit
+            try:
+                self._ds = litdata.StreamingDataset(self.url, **kwargs)
+            except Exception as e:  # noqa: BLE001 - LitData's own messages are long; ours names the URL and the fix
+                raise StreamError(
+                    f"{self.url}: LitData cannot open the chunks ({type(e).__name__}: {_first_line(e)}); {_REBUILD}"
+                ) from None
+            if len(self._ds) != len(self.targets):
+                raise StreamError(
+                    f"{self.url}: the chunks hold {len(self._ds)} samples, {SPLIT_FILE} lists {len(self.targets)}: the chunk set is "
+                    f"incomplete or mixed with another; {_REBUILD}"
+                )
+        return self._ds
+
+    def describe(self, index: int) -> str:
+        return f"{self.url} sample {index} ({self.files[index]})"
+
+    def store_identity(self) -> str | None:
+        return str(self.meta.get("identity")) if self.meta.get("identity") else None
+
+    def unreadable(self) -> list[int]:
+        return []
+
+    def read(self, index: int) -> dict[str, Any]:
+        """The chunk item of sample ``index`` (checked: it names ``index``), else a one-line :class:`StreamError`."""
+        try:
+            item = self._dataset()[int(index)]
+        except StreamError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a truncated or damaged chunk, a chunk deleted from the bucket, a lost connection
+            raise StreamError(f"{self.describe(index)}: cannot read its chunk ({type(e).__name__}: {_first_line(e)}); {_REBUILD}") from None
+        if int(item.get("index", -1)) != int(index):
+            raise StreamError(
+                f"{self.describe(index)}: the chunk holds sample {item.get('index')} in its place; the chunks and {SPLIT_FILE} "
+                f"come from different runs of data optimize; {_REBUILD}"
+            )
+        return item
+
+    def load(self, index: int) -> torch.Tensor:
+        item = self.read(index)
+        try:
+            return decode_item(item)
+        except Exception as e:  # noqa: BLE001 - whatever the decoder raises, the message names the sample and the fix
+            raise StreamError(
+                f"{self.describe(index)}: its image does not decode ({type(e).__name__}: {_first_line(e)}); {_REBUILD}"
+            ) from None
+
+    def stored(self, index: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """``(uint8 [3, S, S] slot, original [2], stored [2])`` of sample ``index``, as a ``data.cache`` store gives it."""
+        item = self.read(index)
+        x = decode_item(item)
+        native = np.asarray([int(item["nh"]), int(item["nw"])], dtype=np.int32)
+        return slot_of(x, self.layout), native, np.asarray(x.shape[1:], dtype=np.int32)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.load(index), self.targets[index]
+
+
+_REBUILD = (
+    "run `cloc-lightning data optimize` again for this --out (finished splits are kept), or point data.stream_from at a complete chunk set"
+)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+# ----------------------------------------------------------------------------
+# the training order: chunk by chunk, from (seed, epoch) alone
+# ----------------------------------------------------------------------------
+def chunk_order(chunk_of: np.ndarray, seed: int, epoch: int, window: int) -> list[int]:
+    """Epoch ``epoch``'s order of the positions ``0..n-1`` whose chunks are ``chunk_of[p]``.
+
+    The chunks come in a random order; the positions of every ``window`` consecutive chunks (in that
+    order) are shuffled together.  Everything is drawn from ``(seed, epoch)`` alone (:func:`epoch_seed`).
+    """
+    g = torch.Generator()
+    g.manual_seed(epoch_seed(seed, epoch))
+    chunks = np.unique(chunk_of)
+    ranked = chunks[torch.randperm(len(chunks), generator=g).numpy()]
+    rank_of = np.empty(int(chunks.max()) + 1 if len(chunks) else 0, dtype=np.int64)
+    rank_of[ranked] = np.arange(len(ranked))
+    group = rank_of[chunk_of] // max(1, int(window))
+    by_group = np.argsort(group, kind="stable")
+    order: list[int] = []
+    bounds = np.flatnonzero(np.diff(group[by_group])) + 1
+    for block in np.split(by_group, bounds):
+        order.extend(block[torch.randperm(len(block), generator=g).numpy()].tolist())
+    return order
+
+
+def _chunk_of_positions(dataset: Any) -> np.ndarray:
+    """The chunk of every position of a training set over a :class:`ChunkSplit` (a subset: its ``indices``)."""
+    base = getattr(dataset, "base", dataset)
+    if not isinstance(base, ChunkSplit):
+        raise TypeError(f"ChunkShuffleSampler needs a set over a ChunkSplit, got {type(base).__name__}")
+    bounds = np.cumsum(base.chunk_sizes)
+    indices = np.asarray(getattr(dataset, "indices", range(len(base))), dtype=np.int64)
+    return np.searchsorted(bounds, indices, side="right")
+
+
+class ChunkShuffleSampler(EpochShuffleSampler):
+    """:class:`~cloc_lightning.resume.EpochShuffleSampler` in chunk order (:func:`chunk_order`): each chunk read once, start to end.
+
+    ``window`` chunks are shuffled together (more: batches mix more chunks, and a worker holds more
+    chunks at a time).  ``skip(n)``/``set_epoch`` resume as the base class does.
+    """
+
+    def __init__(self, data_source: Any, seed: int = 0, window: int = 4) -> None:
+        super().__init__(data_source, seed)
+        self.window = int(window)
+        self._chunk_of = _chunk_of_positions(data_source)
+
+    def __iter__(self) -> Iterator[int]:
+        order = chunk_order(self._chunk_of, self.seed, self.epoch, self.window)
+        start, self._skip = self._skip, 0
+        yield from order[start:]
+
+
+class DistributedChunkShuffleSampler(DistributedEpochShuffleSampler):
+    """One process's share of :func:`chunk_order`: a contiguous part (its own chunks), ``len(self)`` samples on every process.
+
+    The order is cut to a multiple of ``num_replicas`` (``drop_last``) or padded with its own first
+    positions, then process ``r`` takes part ``r`` of ``num_replicas`` equal parts.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False, window: int = 4) -> None:
+        super().__init__(dataset, num_replicas, rank, seed=seed, drop_last=drop_last)
+        self.window = int(window)
+        self._chunk_of = _chunk_of_positions(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        order = chunk_order(self._chunk_of, self.seed, self.epoch, self.window)
+        if self.drop_last:
+            order = order[: self.total_size]
+        else:
+            while len(order) < self.total_size:
+                order += order[: self.total_size - len(order)]
+        share = order[self.rank * self.num_samples : (self.rank + 1) * self.num_samples]
+        start, self._skip = self._skip, 0
+        yield from share[start:]
