@@ -40,6 +40,7 @@ from cloc_lightning.data.streaming import (
     StreamError,
     is_remote,
     join_url,
+    missing_chunks,
     parse_size,
     read_json,
     require_litdata,
@@ -56,6 +57,9 @@ SPLITS = ("train", "val", "test")
 class ChunkEncoder:
     """``(position, source index)`` -> the chunk item of one image (runs in LitData's worker processes, pickled).
 
+    Unpickled in a LitData worker (a fresh, spawned interpreter) it lets LitData's object-store
+    client use an ``http://`` S3 endpoint there too (:func:`~cloc_lightning.data.streaming.require_litdata`).
+
     The item: ``index`` (its position in the split's chunks), ``label``, the stored size ``h, w``, the
     original size ``nh, nw``, the ``codec`` and the ``image`` bytes.
     """
@@ -65,6 +69,10 @@ class ChunkEncoder:
         self.layout = layout
         self.image_format = image_format
         self.quality = int(quality)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        require_litdata("cloc-lightning data optimize")
 
     def encode(self, x: torch.Tensor) -> bytes:
         """The bytes of ``x [3, h, w]`` (uint8) in this encoder's format."""
@@ -243,7 +251,12 @@ def _write_split(
     meta_url = join_url(url, SPLIT_FILE)
     previous = _existing(meta_url, SPLIT_FILE)
     summary = {"n": None, "identity": identity, "layout": layout.describe()}
-    if previous is not None and previous.get("identity") == identity and not overwrite:
+    if (
+        previous is not None
+        and previous.get("identity") == identity
+        and not overwrite
+        and not missing_chunks(url, previous.get("chunks", []))
+    ):
         print(f"data optimize: {split}: kept ({previous.get('n')} images, complete, built from the same data)", flush=True)
         summary["n"] = previous.get("n")
         return summary
@@ -266,6 +279,13 @@ def _write_split(
     chunk_sizes = [int(c["chunk_size"]) for c in index.get("chunks", [])]
     if sum(chunk_sizes) != len(kept):
         raise StreamError(f"{url}: LitData wrote {sum(chunk_sizes)} of {len(kept)} images; run data optimize again to rewrite the split")
+    chunks = [{"filename": str(c["filename"]), "chunk_bytes": int(c["chunk_bytes"])} for c in index.get("chunks", [])]
+    problem = missing_chunks(url, chunks)  # LitData reports success when a worker's uploads failed: look
+    if problem is not None:
+        raise StreamError(
+            f"{url}: LitData finished, but {problem}: the writes or uploads failed (see LitData's messages above: endpoint, "
+            "credentials, disk space); run data optimize again to rewrite the split"
+        )
     keys = _keys(base)
     meta = {
         "split": split,
@@ -277,6 +297,7 @@ def _write_split(
         "keys": [keys[i] for i in kept],
         "source_index": kept,
         "chunk_sizes": chunk_sizes,
+        "chunks": chunks,
         "bytes": int(sum(int(c.get("chunk_bytes", 0)) for c in index.get("chunks", []))),
         "image_format": image_format,
     }

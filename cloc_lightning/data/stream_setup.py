@@ -26,6 +26,7 @@ from cloc_lightning.data.streaming import (
     StreamError,
     is_remote,
     join_url,
+    missing_chunks,
     read_json,
 )
 from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler
@@ -94,7 +95,7 @@ class StreamMixin:
                 f"({_BUILD.format(url='<a new folder>')})"
             )
         self.class_names = [str(c) for c in record.get("class_names", [])]
-        sets: dict[str, LabelledDataset] = {}
+        sets: dict[str, ChunkSplit] = {}
         cache = None if not is_remote(url) else (self.stream_cache_dir or default_chunk_cache())
         for split in ("train", "val", "test"):
             if split not in (record.get("splits") or {}):
@@ -102,6 +103,11 @@ class StreamMixin:
                     f"data.stream_from {url} has no {split} split (it has {sorted(record.get('splits') or {})}); {_BUILD.format(url=url)}"
                 )
             meta = read_json(join_url(url, split, SPLIT_FILE), f"{split} split record ({SPLIT_FILE})", _BUILD.format(url=url))
+            problem = missing_chunks(join_url(url, split), meta.get("chunks", []))
+            if problem is not None:  # nothing trains on part of the data without saying so
+                raise StreamError(
+                    f"data.stream_from {join_url(url, split)}: {problem}; {_BUILD.format(url=url)} (finished splits are kept)"
+                )
             sets[split] = ChunkSplit(join_url(url, split), meta, cache_dir=cache, cache_limit=self.stream_cache_bytes)
             self.store_records.append(
                 {
@@ -117,7 +123,7 @@ class StreamMixin:
         rank_zero_info(
             f"data.stream_from {url}: {', '.join(f'{s} {len(d)}' for s, d in sets.items())} images ({record.get('image_format')}; {where})"
         )
-        return sets
+        return dict(sets)
 
     def _check_train_layout(self, train: ChunkSplit, record: dict[str, Any]) -> None:
         """The training chunks must hold what this config's views need: the same layout kind, enough pixels for the crops."""

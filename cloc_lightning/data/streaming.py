@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from cloc_lightning._s3_http import allow_http_endpoint
 from cloc_lightning.data.cache import StoreLayout, slot_of
 from cloc_lightning.data.datasets import LabelledDataset
 from cloc_lightning.data.errors import DataConfigError
@@ -57,6 +58,7 @@ __all__ = [
     "parse_size",
     "require_litdata",
     "decode_item",
+    "missing_chunks",
 ]
 
 #: the chunk set's record of what it was built from (at the top of ``--out``)
@@ -77,26 +79,8 @@ def require_litdata(what: str) -> Any:
         import litdata
     except ImportError as e:
         raise StreamError(f'{what} needs LitData, which is not installed: pip install "cloc-lightning[streaming]" ({e})') from None
-    _allow_http_endpoint()
+    allow_http_endpoint()
     return litdata
-
-
-def _allow_http_endpoint() -> None:
-    """Let LitData's object-store client talk to an ``http://`` S3 endpoint (a local MinIO or moto server).
-
-    LitData 0.2.7x builds its obstore S3 client with fixed client options, and obstore refuses plain
-    HTTP unless ``allow_http`` is set; only an ``http://`` ``AWS_ENDPOINT_URL`` (given by the user) turns it on.
-    """
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    if not endpoint.startswith("http://"):
-        return
-    try:
-        from litdata.streaming import downloader
-    except ImportError:
-        return
-    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if isinstance(options, dict):
-        options["allow_http"] = "true"
 
 
 def is_remote(url: str) -> bool:
@@ -143,6 +127,30 @@ def _s3_problem(url: str, error: BaseException) -> str | None:
     return f"{code}: {response.get('Error', {}).get('Message', '')}".strip()
 
 
+def _bucket_problem(url: str) -> str:
+    """After a 404 on ``url``: the missing bucket in words (an ``s3://`` URL whose bucket is not there), else ``'no such object'``."""
+    if urlparse(url).scheme != "s3":
+        return "no such object"
+    import boto3
+
+    try:
+        boto3.client("s3").head_bucket(Bucket=urlparse(url).netloc)
+    except Exception as e:  # noqa: BLE001 - the HEAD's error decides the message
+        code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            return _s3_problem(url, _Coded("NoSuchBucket")) or "no such object"
+        return _s3_problem(url, e) or "no such object"
+    return "no such object"
+
+
+class _Coded(Exception):
+    """An error with a botocore-style ``response`` (for :func:`_s3_problem`)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.response = {"Error": {"Code": code}}
+
+
 def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
     """The JSON object at ``url`` (a local file or an ``s3://``/other LitData URL), else a one-line :class:`StreamError`."""
     if not is_remote(url):
@@ -161,6 +169,8 @@ def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
             except Exception as e:  # noqa: BLE001 - botocore/gcs/azure errors: classified where they can be, else the client's words
                 problem = _s3_problem(url, e)
                 if problem == "no such object":
+                    problem = _bucket_problem(url)
+                if problem == "no such object":
                     raise StreamError(f"{url}: no {what} there; {fix}") from None
                 detail = problem or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 raise StreamError(f"{url}: cannot read the {what}: {detail}") from None
@@ -174,15 +184,66 @@ def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
+def _s3_sizes(url: str) -> dict[str, int]:
+    """``{file name: bytes}`` of the objects directly under the ``s3://`` prefix ``url`` (paginated LIST requests)."""
+    import boto3
+
+    parsed = urlparse(url)
+    prefix = parsed.path.lstrip("/").rstrip("/") + "/"
+    sizes: dict[str, int] = {}
+    for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=parsed.netloc, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            name = str(obj["Key"])[len(prefix) :]
+            if "/" not in name:
+                sizes[name] = int(obj["Size"])
+    return sizes
+
+
+def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
+    """What is wrong with the chunk files of ``url`` against LitData's index (missing or of another size), or ``None``.
+
+    ``chunks`` are ``index.json``'s entries (``filename``, ``chunk_bytes``).  A local folder is listed
+    with ``os.scandir``, an ``s3://`` prefix with LIST requests; other schemes are checked for presence.
+    """
+    if not chunks:
+        return f"its {SPLIT_FILE} lists no chunk files (written by an older or interrupted run)"
+    try:
+        if not is_remote(url):
+            sizes = {e.name: e.stat().st_size for e in os.scandir(os.path.expanduser(url)) if e.is_file()}
+        elif urlparse(url).scheme == "s3":
+            sizes = _s3_sizes(url)
+        else:
+            from litdata.streaming.fs_provider import _get_fs_provider
+
+            provider = _get_fs_provider(url)
+            sizes = {c["filename"]: int(c["chunk_bytes"]) for c in chunks if provider.exists(join_url(url, c["filename"]))}
+    except Exception as e:  # noqa: BLE001 - the listing's own error, in words, is the message
+        problem = _s3_problem(url, e)
+        return f"its chunks cannot be listed ({problem or f'{type(e).__name__}: {_first_line(e)}'})"
+    gone = [c["filename"] for c in chunks if c["filename"] not in sizes]
+    short = [c["filename"] for c in chunks if c["filename"] in sizes and sizes[c["filename"]] != int(c["chunk_bytes"])]
+    if not gone and not short:
+        return None
+    parts = []
+    if gone:
+        parts.append(f"{len(gone)} of {len(chunks)} chunk files are missing ({', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''})")
+    if short:
+        parts.append(
+            f"{len(short)} have another size than written, e.g. truncated ({', '.join(short[:3])}{' ...' if len(short) > 3 else ''})"
+        )
+    return "; ".join(parts)
+
+
 def decode_item(item: dict[str, Any]) -> torch.Tensor:
     """The ``uint8 [3, h, w]`` stored image of a chunk item (raw bytes, or PNG/JPEG/WebP decoded with torchvision)."""
     h, w = int(item["h"]), int(item["w"])
     data = item["image"]
     if item.get("codec", "raw") == "raw":
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(3, h, w)
+        raw: torch.Tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(3, h, w)
+        return raw
     from torchvision.io import ImageReadMode, decode_image
 
-    x = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    x: torch.Tensor = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
     if tuple(x.shape) != (3, h, w):
         raise ValueError(f"decoded {tuple(x.shape)}, the chunk set records (3, {h}, {w})")
     return x
@@ -214,6 +275,10 @@ class ChunkSplit(LabelledDataset):
         state = dict(self.__dict__)
         state["_ds"] = None  # every process (loader worker) opens its own reader
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        allow_http_endpoint()  # a spawned loader worker
 
     def _dataset(self) -> Any:
         if self._ds is None:
@@ -249,7 +314,7 @@ class ChunkSplit(LabelledDataset):
     def read(self, index: int) -> dict[str, Any]:
         """The chunk item of sample ``index`` (checked: it names ``index``), else a one-line :class:`StreamError`."""
         try:
-            item = self._dataset()[int(index)]
+            item: dict[str, Any] = self._dataset()[int(index)]
         except StreamError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or damaged chunk, a chunk deleted from the bucket, a lost connection
