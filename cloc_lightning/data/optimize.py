@@ -84,8 +84,10 @@ class ChunkEncoder:
         image = Image.fromarray(x.permute(1, 2, 0).contiguous().numpy())
         if self.image_format == "png":
             image.save(buffer, format="PNG", compress_level=1)
+        elif self.image_format == "jpeg":  # no chroma subsampling: small images keep their colour edges
+            image.save(buffer, format="JPEG", quality=self.quality, subsampling=0)
         else:
-            image.save(buffer, format=self.image_format.upper(), quality=self.quality)
+            image.save(buffer, format="WEBP", quality=self.quality)
         return buffer.getvalue()
 
     def __call__(self, work: Sequence[int]) -> dict[str, Any]:
@@ -195,10 +197,15 @@ def optimize_data(
         "quality": int(quality) if image_format in ("jpeg", "webp") else None,
         "splits": {},
     }
-    if previous is not None and not overwrite and previous.get("source") != record["source"]:
-        raise StreamError(
-            f"{out} holds chunks of {previous.get('source')}, not of {record['source']}; give another --out, or --overwrite to replace them"
-        )
+    if previous is not None and not overwrite:
+        for split in splits:
+            old = (previous.get("splits") or {}).get(split, {}).get("identity")
+            if old is not None and split in base and old != _identity(datamodule, base[split], split, image_format, int(quality)):
+                raise StreamError(
+                    f"{out} holds a {split} split of other data or another layout ({previous.get('source')}, "
+                    f"{(previous.get('splits') or {}).get(split, {}).get('layout')}), not of this config ({record['source']}); "
+                    "give another --out, or --overwrite to replace them"
+                )
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
         for split in splits:
@@ -231,6 +238,13 @@ def _versions() -> dict[str, str]:
     return found
 
 
+def _identity(datamodule: Any, base: LabelledDataset, split: str, image_format: str, quality: int) -> str:
+    """A split's identity: the ``data.cache: disk`` key of its files, labels and layout, and the format."""
+    layout = datamodule.store_layout(split, base)
+    key = store_key(base, layout, f"the {split} split of {type(datamodule).__name__}")
+    return f"{key}/{image_format}/{quality if image_format in ('jpeg', 'webp') else '-'}"
+
+
 def _write_split(
     litdata: Any,
     datamodule: Any,
@@ -245,8 +259,7 @@ def _write_split(
 ) -> dict[str, Any]:
     """Write one split (or keep it, when a complete copy built from the same data is there); its summary."""
     layout = datamodule.store_layout(split, base)
-    what = f"the {split} split of {type(datamodule).__name__}"
-    identity = f"{store_key(base, layout, what)}/{image_format}/{quality if image_format in ('jpeg', 'webp') else '-'}"
+    identity = _identity(datamodule, base, split, image_format, quality)
     url = join_url(out, split)
     meta_url = join_url(url, SPLIT_FILE)
     previous = _existing(meta_url, SPLIT_FILE)
@@ -265,16 +278,21 @@ def _write_split(
         keys = _keys(base)
         kept = sorted(kept, key=lambda i: hash_fraction(keys[i], "chunks"))
     print(f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}", flush=True)
-    litdata.optimize(
-        fn=ChunkEncoder(base, layout, image_format, quality),
-        inputs=[(p, s) for p, s in enumerate(kept)],
-        output_dir=url,
-        chunk_bytes=chunk_bytes,
-        num_workers=min(workers, max(1, len(kept))),
-        mode="overwrite",
-        keep_data_ordered=True,
-        start_method="spawn",
-    )
+    encoder = ChunkEncoder(base, layout, image_format, quality)
+    work = [(p, s) for p, s in enumerate(kept)]
+    if workers <= 1 and not is_remote(url):  # one process: LitData's writer here, without spawning its worker processes
+        _write_here(litdata, encoder, work, url, chunk_bytes)
+    else:
+        litdata.optimize(
+            fn=encoder,
+            inputs=work,
+            output_dir=url,
+            chunk_bytes=chunk_bytes,
+            num_workers=min(workers, max(1, len(kept))),
+            mode="overwrite",
+            keep_data_ordered=True,
+            start_method="spawn",
+        )
     index = read_json(join_url(url, "index.json"), "LitData index", "run data optimize again")
     chunk_sizes = [int(c["chunk_size"]) for c in index.get("chunks", [])]
     if sum(chunk_sizes) != len(kept):
@@ -305,6 +323,22 @@ def _write_split(
     summary["n"] = len(kept)
     summary["bytes"] = meta["bytes"]
     return summary
+
+
+def _write_here(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]], url: str, chunk_bytes: str) -> None:
+    """``--workers 1`` to a local folder: LitData's ``BinaryWriter`` in this process (the chunk files and index of ``optimize``)."""
+    from litdata.streaming.writer import BinaryWriter
+
+    folder = Path(url)
+    if folder.exists():
+        for old in [*folder.glob("chunk-*.bin"), folder / "index.json", folder / SPLIT_FILE]:
+            old.unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
+    for position, item in enumerate(work):
+        writer.add_item(position, encoder(item))
+    writer.done()
+    writer.merge()
 
 
 def _keys(base: LabelledDataset) -> list[str]:

@@ -27,6 +27,7 @@ resume reports (Lightning-AI/litData#248 across nodes, #760 after a second epoch
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -235,18 +236,19 @@ def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
 
 
 def decode_item(item: dict[str, Any]) -> torch.Tensor:
-    """The ``uint8 [3, h, w]`` stored image of a chunk item (raw bytes, or PNG/JPEG/WebP decoded with torchvision)."""
+    """The ``uint8 [3, h, w]`` stored image of a chunk item (raw bytes, or PNG/JPEG/WebP decoded with Pillow)."""
     h, w = int(item["h"]), int(item["w"])
     data = item["image"]
     if item.get("codec", "raw") == "raw":
         raw: torch.Tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(3, h, w)
         return raw
-    from torchvision.io import ImageReadMode, decode_image
+    from PIL import Image
 
-    x: torch.Tensor = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    if tuple(x.shape) != (3, h, w):
-        raise ValueError(f"decoded {tuple(x.shape)}, the chunk set records (3, {h}, {w})")
-    return x
+    with Image.open(io.BytesIO(data)) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    if pixels.shape != (h, w, 3):
+        raise ValueError(f"decoded {pixels.shape[:2]}, the chunk set records ({h}, {w})")
+    return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()
 
 
 class ChunkSplit(LabelledDataset):

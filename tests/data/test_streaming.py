@@ -1,0 +1,226 @@
+"""``data optimize`` and ``data.stream_from`` (cloc_lightning/data/optimize.py, streaming.py, stream_setup.py).
+
+The chunks hold what ``data.cache`` stores (``raw``: bit-identical; ``jpeg``: close), a data module
+reads them in place of the files with the same classes, subsets and transforms, the training order
+is a function of ``(seed, epoch)`` alone that reads each chunk in one piece, and a chunk set that
+does not fit the configuration stops at setup with one line.  Fits through the CLI, S3 and resume:
+``test_stream_s3.py``, ``test_stream_resume.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("litdata", reason="data.stream_from needs the [streaming] extra (litdata)")
+
+from cloc_lightning.data import OrdinalShapesDataModule, SupConViews  # noqa: E402
+from cloc_lightning.data.cache import store_image  # noqa: E402
+from cloc_lightning.data.errors import DataConfigError  # noqa: E402
+from cloc_lightning.data.optimize import optimize_data  # noqa: E402
+from cloc_lightning.data.streaming import (  # noqa: E402
+    STREAM_FILE,
+    ChunkShuffleSampler,
+    ChunkSplit,
+    DistributedChunkShuffleSampler,
+    StreamError,
+    chunk_order,
+    parse_size,
+)
+
+SHAPES = dict(num_classes=4, train_size=96, val_size=20, test_size=20, image_size=32, batch_size=8, num_workers=0)
+
+
+def _shapes(**kwargs: Any) -> OrdinalShapesDataModule:
+    return OrdinalShapesDataModule(**{**SHAPES, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def chunk_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The shapes data written twice: raw pixels and JPEG, small chunks (several per split)."""
+    root = tmp_path_factory.mktemp("chunks")
+    out = {}
+    for fmt in ("raw", "jpeg"):
+        out[fmt] = root / fmt
+        optimize_data(_shapes(), str(out[fmt]), image_format=fmt, workers=1, chunk_bytes="16KB")  # type: ignore[arg-type]
+    return out
+
+
+def test_parse_size() -> None:
+    assert parse_size("x", "50GB") == 50 * 10**9
+    assert parse_size("x", "512 MiB") == 512 * 2**20
+    assert parse_size("x", 1000) == 1000
+    assert parse_size("x", "2.5kb") == 2500
+    for bad in ("lots", "", "-1GB", "0", "5XB", "nan"):
+        with pytest.raises(StreamError, match="is not a size"):
+            parse_size("data.stream_cache_limit", bad)
+
+
+def test_chunk_order_reads_each_chunk_in_one_window() -> None:
+    chunk_of = np.repeat(np.arange(10), [7, 5, 9, 3, 8, 8, 2, 6, 7, 5])
+    n = len(chunk_of)
+    for window in (1, 3):
+        for epoch in range(3):
+            order = chunk_order(chunk_of, seed=5, epoch=epoch, window=window)
+            assert sorted(order) == list(range(n))
+            assert order == chunk_order(chunk_of, seed=5, epoch=epoch, window=window)  # (seed, epoch) alone
+            # the chunks met along the order: every window of chunks is finished before the next starts
+            met = [int(chunk_of[p]) for p in order]
+            first = {c: met.index(c) for c in set(met)}
+            last = {c: len(met) - 1 - met[::-1].index(c) for c in set(met)}
+            ranked = sorted(first, key=lambda c: first[c])
+            groups = [ranked[i : i + window] for i in range(0, len(ranked), window)]
+            for a, b in zip(groups, groups[1:], strict=False):
+                assert max(last[c] for c in a) < min(first[c] for c in b)
+    assert chunk_order(chunk_of, 5, 0, 3) != chunk_order(chunk_of, 5, 1, 3)
+    assert chunk_order(chunk_of, 5, 0, 3) != chunk_order(chunk_of, 6, 0, 3)
+
+
+def test_raw_chunks_hold_the_pixels_data_cache_stores(chunk_sets: dict[str, Path]) -> None:
+    files = _shapes()
+    base = files._ensure_base()
+    streamed = _shapes(stream_from=str(chunk_sets["raw"]))
+    chunks = streamed._ensure_base()
+    assert streamed.class_names == files.class_names
+    for split in ("train", "val", "test"):
+        split_set = chunks[split]
+        assert isinstance(split_set, ChunkSplit)
+        meta = split_set.meta
+        layout = files.store_layout(split, base[split])
+        assert split_set.layout == layout
+        assert len(split_set) == len(base[split])
+        for position in range(0, len(split_set), 7):
+            source = meta["source_index"][position]
+            slot, native, stored = store_image(base[split].load(source), layout)
+            got, got_native, got_stored = split_set.stored(position)
+            assert torch.equal(got, slot), (split, position)
+            assert tuple(got_native) == tuple(native) and tuple(got_stored) == tuple(stored)
+            assert split_set.targets[position] == base[split].targets[source]
+    # the training split is written in a fixed shuffled order (chunks mix the classes), evaluation splits in order
+    assert chunks["val"].meta["source_index"] == list(range(len(base["val"])))
+    assert chunks["train"].meta["source_index"] != list(range(len(base["train"])))
+    assert len(chunks["train"].chunk_sizes) >= 3
+
+
+def test_jpeg_chunks_are_close_to_the_stored_pixels(chunk_sets: dict[str, Path]) -> None:
+    raw = _shapes(stream_from=str(chunk_sets["raw"]))._ensure_base()["val"]
+    jpeg = _shapes(stream_from=str(chunk_sets["jpeg"]))._ensure_base()["val"]
+    diffs = [(raw.stored(i)[0].float() - jpeg.stored(i)[0].float()).abs().mean().item() for i in range(len(raw))]
+    assert max(diffs) < 4.0  # q95 on 32 px shapes with noise: a few grey levels on average
+    raw_bytes = json.loads((chunk_sets["raw"] / STREAM_FILE).read_text())["splits"]["val"]["bytes"]
+    jpeg_bytes = json.loads((chunk_sets["jpeg"] / STREAM_FILE).read_text())["splits"]["val"]["bytes"]
+    assert jpeg_bytes < raw_bytes
+
+
+def test_a_streamed_data_module_gives_the_same_subset_and_batches_shapes(chunk_sets: dict[str, Path]) -> None:
+    files = _shapes(few_shot=5, seed=3)
+    files.setup("fit")
+    streamed = _shapes(few_shot=5, seed=3, stream_from=str(chunk_sets["raw"]))
+    streamed.setup("fit")
+    assert streamed.train_set is not None and files.train_set is not None
+    chosen = {streamed.train_set.base.files[i] for i in streamed.train_set.indices}  # type: ignore[attr-defined]
+    assert chosen == {str(i) for i in files.train_set.indices}  # few_shot keeps the same samples (keys: the source index)
+    loader = streamed.train_dataloader()
+    assert isinstance(loader.sampler, ChunkShuffleSampler)
+    images, labels = next(iter(loader))
+    ref_images, ref_labels = next(iter(files.train_dataloader()))
+    assert images.shape == ref_images.shape and images.dtype == ref_images.dtype and labels.shape == ref_labels.shape
+    val_images, _ = next(iter(streamed.val_dataloader()))
+    assert val_images.shape[1:] == (3, 32, 32)
+
+
+def test_device_path_and_views_read_chunks(chunk_sets: dict[str, Path]) -> None:
+    dm = _shapes(stream_from=str(chunk_sets["jpeg"]), augment_on="device")
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) >= {"images", "index", "epoch", "params"} and batch["images"].dtype == torch.uint8
+    images, labels = dm.on_after_batch_transfer(batch, 0)
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.float32 and labels.shape == (8,)
+    # chunks written for a resize-first pipeline do not serve RandomResizedCrop views (they need the aspect-kept layout)
+    with pytest.raises(StreamError, match="written for a pipeline that resizes first"):
+        _shapes(stream_from=str(chunk_sets["jpeg"]), augment_on="device", train_views=SupConViews(n_views=2)).setup("fit")
+
+
+def test_distributed_shares_are_contiguous_parts_of_one_order(chunk_sets: dict[str, Path]) -> None:
+    dm = _shapes(stream_from=str(chunk_sets["raw"]), seed=1)
+    dm.setup("fit")
+    ds = dm.train_set
+    one = list(ChunkShuffleSampler(ds, seed=1))
+    for world in (2, 3):
+        shares = [list(DistributedChunkShuffleSampler(ds, world, r, seed=1, drop_last=True)) for r in range(world)]
+        assert len({len(s) for s in shares}) == 1
+        assert sum(shares, []) == one[: len(shares[0]) * world]
+
+
+def test_rerun_keeps_finished_splits_and_refuses_other_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "set"
+    optimize_data(_shapes(), str(out), image_format="png", workers=1, chunk_bytes="16KB", splits=["val"])
+    assert not (out / "train").exists()
+    record = optimize_data(_shapes(), str(out), image_format="png", workers=1, chunk_bytes="16KB")
+    assert "val: kept" in capsys.readouterr().out
+    assert set(record["splits"]) == {"train", "val", "test"}
+    # a chunk file lost: the rerun rewrites that split
+    victim = next((out / "test").glob("chunk-*.bin"))
+    victim.unlink()
+    with pytest.raises(StreamError, match="missing"):
+        _shapes(stream_from=str(out)).setup("fit")
+    optimize_data(_shapes(), str(out), image_format="png", workers=1, chunk_bytes="16KB")
+    assert victim.exists()
+    with pytest.raises(StreamError, match="give another --out, or --overwrite"):
+        optimize_data(_shapes(data_seed=1), str(out), image_format="png", workers=1)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(image_size=48), "stores the evaluation splits at image_size=32"),
+        (dict(augment="rrc_flip"), "training chunks were written for"),
+        (dict(cache="memory"), "two answers"),
+        (dict(stream_from=" "), "stream_from is empty"),
+        (dict(stream_cache_limit="lots"), "is not a size"),
+    ],
+)
+def test_a_chunk_set_that_does_not_fit_the_config_is_one_line(chunk_sets: dict[str, Path], change: dict[str, Any], message: str) -> None:
+    kwargs: dict[str, Any] = {"stream_from": str(chunk_sets["raw"]), **change}
+    with pytest.raises(DataConfigError, match=message) as caught:
+        _shapes(**kwargs).setup("fit")
+    assert "\n" not in str(caught.value)
+
+
+def test_another_data_module_or_no_chunk_set_is_one_line(chunk_sets: dict[str, Path], tmp_path: Path) -> None:
+    from cloc_lightning.data import CIFAR10DataModule
+
+    with pytest.raises(StreamError, match="holds chunks of cloc_lightning.data.synthetic.OrdinalShapesDataModule"):
+        CIFAR10DataModule(root=str(tmp_path), stream_from=str(chunk_sets["raw"])).setup("fit")
+    with pytest.raises(StreamError, match=r"no chunk set \(cloc_stream.json\) there; .*data optimize"):
+        _shapes(stream_from=str(tmp_path / "nothing")).setup("fit")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(chunk_sets["raw"], damaged)
+    chunk = sorted((damaged / "val").glob("chunk-*.bin"))[0]
+    with open(chunk, "r+b") as f:
+        f.truncate(os.path.getsize(chunk) // 2)
+    with pytest.raises(StreamError, match="truncated"):
+        _shapes(stream_from=str(damaged)).setup("fit")
+
+
+@pytest.mark.slow
+def test_parallel_writers_write_the_same_chunks_as_one_process(chunk_sets: dict[str, Path], tmp_path: Path) -> None:
+    """``--workers 2`` (LitData's spawned writers) and ``--workers 1`` (its writer in this process) give the same items."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    optimize_data(_shapes(), str(tmp_path / "p"), image_format="raw", workers=2, chunk_bytes="16KB")
+    assert multiprocessing.get_start_method(allow_none=True) == before  # LitData's 'spawn' is undone
+    one = _shapes(stream_from=str(chunk_sets["raw"]))._ensure_base()
+    two = _shapes(stream_from=str(tmp_path / "p"))._ensure_base()
+    for split in ("train", "val", "test"):
+        assert one[split].targets == two[split].targets
+        assert one[split].meta["source_index"] == two[split].meta["source_index"]  # type: ignore[attr-defined]
+        for i in range(len(one[split])):
+            assert torch.equal(one[split].stored(i)[0], two[split].stored(i)[0]), (split, i)
