@@ -216,7 +216,13 @@ class ResumableDataLoader(DataLoader[Any]):
         # runs at the first batch (a generator): after Lightning's set_epoch / load_state_dict, before
         # DataLoader.__iter__ hands the epoch's first indices to the (persistent) workers
         self._set_dataset_epoch()
-        self._batches_done = int(getattr(self, "_resume_batches", 0))
+        resumed = int(getattr(self, "_resume_batches", 0))
+        epoch = getattr(self.sampler, "epoch", None)
+        if resumed and epoch is not None and int(epoch) != int(getattr(self, "_resume_epoch", epoch)):
+            # the saved epoch had ended early (limit_train_batches: {epoch: e, batches: k < len}) and Lightning
+            # started epoch e + 1 (set_epoch dropped the sampler's skip): its count starts at 0 too
+            resumed = 0
+        self._batches_done = resumed
         self._resume_batches = 0
         for batch in super().__iter__():
             self._batches_done += 1
@@ -240,7 +246,7 @@ class ResumableDataLoader(DataLoader[Any]):
             set_epoch(epoch)
         if done and isinstance(sampler, (EpochShuffleSampler, DistributedEpochShuffleSampler)) and self.batch_size:
             sampler.skip(done * int(self.batch_size))
-            self._resume_batches = done
+            self._resume_batches, self._resume_epoch = done, epoch
         elif done:
             warnings.warn(
                 f"resuming mid-epoch with a {type(sampler).__name__}: epoch {epoch}'s data order restarts "
@@ -323,6 +329,7 @@ class ResumeState(Callback):
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        _start_next_epoch_anew(trainer)
         saved = pending.get("train_loaders") or []
         loaders = _stateful_loaders(trainer.train_dataloader)
         if len(saved) == len(loaders):
@@ -334,6 +341,31 @@ class ResumeState(Callback):
             continue_schedule = getattr(config.scheduler, "continue_at_resumed_step", None)
             if callable(continue_schedule):
                 continue_schedule()
+
+
+def _start_next_epoch_anew(trainer: L.Trainer) -> None:
+    """After a checkpoint written at the end of an epoch's last batch, let Lightning start the next epoch as a new one.
+
+    Lightning (2.x) resumes such a checkpoint as "restarted mid-epoch", counts the epoch as ended in
+    ``FitLoop.reset``, but keeps that stage for the next epoch: it does not count the next epoch as
+    started (``epoch_progress`` ready/started) and skips its ``on_train_epoch_start``.  A checkpoint
+    written inside that epoch then resumes it from its first batch (``batch_idx`` 0): with
+    ``limit_train_batches`` the epoch gets extra batches.  Called from ``on_train_start``, after
+    ``FitLoop.reset`` and before the next epoch starts.
+    """
+    loop = getattr(trainer, "fit_loop", None)
+    epoch_loop = getattr(loop, "epoch_loop", None)
+    try:
+        ended = (
+            loop.restarted_mid_epoch  # type: ignore[union-attr]
+            and epoch_loop.restarted_on_train_batch_end  # type: ignore[union-attr]
+            and epoch_loop.batch_progress.is_last_batch  # type: ignore[union-attr]
+            and loop.epoch_progress.total.processed == loop.epoch_progress.total.started  # type: ignore[union-attr]
+        )
+    except AttributeError:  # another Lightning: leave its loops alone
+        return
+    if ended:
+        loop.reset_restart_stage()  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------ which checkpoint

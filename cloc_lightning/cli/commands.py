@@ -177,6 +177,25 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
 
 
 # ---------------------------------------------------------------- data optimize
+def _fit_config_keys(argv: list[str]) -> set[str]:
+    """The top-level keys of the ``--config`` files in ``argv`` other than ``data optimize``'s own, and LightningCLI's."""
+    import yaml
+
+    keys = {"model", "trainer", "optimizer", "lr_scheduler", "ckpt_path", "seed_everything"}
+    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"] + [
+        a.split("=", 1)[1] for a in argv if a.startswith("--config=")
+    ]
+    for path in paths:
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue  # the parser reports it
+        if isinstance(data, dict):
+            keys |= {str(k) for k in data}
+    return keys - {"data", "config", "out", "format", "quality", "workers", "chunk_bytes", "splits", "overwrite"}
+
+
 def data_main(argv: list[str] | None = None) -> dict[str, Any]:
     """Write a config's data as LitData chunks for data.stream_from: ``data optimize --config CFG --out DIR_OR_URL``.
 
@@ -191,9 +210,10 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
             print("usage: cloc-lightning data optimize --config CFG --out DIR_OR_URL [options]  (data optimize --help: the options)")
             return {}
         raise ValueError(f"cloc-lightning data: {problem}give `data optimize --config CFG --out DIR_OR_URL`")
-    parser = ArgumentParser(
+    from cloc_lightning.cli.parser import CLOCArgumentParser
+
+    parser = CLOCArgumentParser(
         prog="cloc-lightning data optimize",
-        formatter_class=CLOCHelpFormatter,
         description="Write every split of a config's data module as LitData chunks (local folder or s3:// URL) for data.stream_from.",
         default_env=False,
     )
@@ -206,11 +226,11 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunk_bytes", type=str, default="64MB", help="bytes per chunk, e.g. 64MB")
     parser.add_argument("--splits", type=list[str], default=["train", "val", "test"], help="the splits to write")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace chunks built from other data at --out")
-    for key in ("model", "trainer", "optimizer", "lr_scheduler", "ckpt_path", "seed_everything"):  # a fit config's other sections
+    for key in sorted(_fit_config_keys(argv[1:])):  # a fit config's other sections (model, trainer, test_after_fit, ...)
         parser.add_argument(f"--{key}", type=Any, default=None, help=argparse.SUPPRESS)
     cfg = parser.parse_args(argv[1:])
     init = parser.instantiate_classes(cfg)
-    return optimize_data(
+    record = optimize_data(
         init.data,
         cfg.out,
         image_format=cfg.format,
@@ -220,6 +240,10 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
         splits=cfg.splits,
         overwrite=cfg.overwrite,
     )
+    splits = ", ".join(f"{name} {info.get('n')}" for name, info in record["splits"].items())
+    size = sum(int(info.get("bytes") or 0) for info in record["splits"].values())
+    print(f"data optimize: {cfg.out}: {splits} images, {size / 1e6:.1f} MB written or kept; train with --data.stream_from {cfg.out}")
+    return record
 
 
 #: the sub-commands of ``cloc-lightning`` beside LightningCLI's (name -> ``command(argv)``); the

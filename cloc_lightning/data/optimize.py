@@ -271,7 +271,7 @@ def _write_split(
         and not missing_chunks(url, previous.get("chunks", []))
     ):
         print(f"data optimize: {split}: kept ({previous.get('n')} images, complete, built from the same data)", flush=True)
-        summary["n"] = previous.get("n")
+        summary["n"], summary["bytes"] = previous.get("n"), previous.get("bytes")
         return summary
     kept = _kept(base, split, datamodule.bad_files)
     if split == "train":  # chunks are random samples of the classes (a fixed order: the same for every seed)

@@ -113,19 +113,51 @@ def parse_size(name: str, value: Any) -> int:
 
 
 def _s3_problem(url: str, error: BaseException) -> str | None:
-    """A botocore error of reading ``url`` in words, with the fix; ``None`` when it is not one."""
+    """A botocore error of reading ``url`` in words, with the fix; ``None`` when it is not one.
+
+    Credentials are named by their variables, never shown, and the endpoint without a ``user:password@`` part.
+    """
+    bucket = urlparse(url).netloc
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    parsed = urlparse(endpoint)
+    if parsed.hostname and (parsed.username or parsed.password):  # never print a password given in the URL
+        endpoint = parsed._replace(netloc=parsed.hostname + (f":{parsed.port}" if parsed.port else "")).geturl()
+    where = endpoint or "AWS S3 (AWS_ENDPOINT_URL is not set)"
+    credentials = (
+        "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN for temporary credentials), or AWS_PROFILE, "
+        "in the environment"
+    )
+    kind = type(error).__name__
+    if kind in ("NoCredentialsError", "PartialCredentialsError"):
+        return f"no S3 credentials found ({kind}); {credentials}"
+    if kind in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError", "ProxyConnectionError"):
+        return (
+            f"cannot connect to {where} ({kind}); check that the server is running and that AWS_ENDPOINT_URL names it (unset it for AWS S3)"
+        )
     response = getattr(error, "response", None)
     if not isinstance(response, dict):
         return None
     code = str(response.get("Error", {}).get("Code", ""))
-    bucket = urlparse(url).netloc
     if code in ("NoSuchBucket",):
-        return f"the bucket {bucket!r} does not exist at {os.environ.get('AWS_ENDPOINT_URL', 'the default S3 endpoint')}; check the URL, or AWS_ENDPOINT_URL for an S3-compatible server"
-    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
-        return f"access denied ({code}); give credentials that may read {bucket!r} in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+        return (
+            f"the bucket {bucket!r} does not exist at {where}; create it (e.g. `aws s3 mb s3://{bucket}`) or correct the bucket "
+            "in the URL (for an S3-compatible server, AWS_ENDPOINT_URL must name the one that holds it)"
+        )
+    if code in ("InvalidAccessKeyId",):
+        return f"the access key in AWS_ACCESS_KEY_ID is not known at {where} ({code}); {credentials} with a key of that server"
+    if code in ("SignatureDoesNotMatch",):
+        return f"AWS_SECRET_ACCESS_KEY does not match AWS_ACCESS_KEY_ID ({code}); {credentials} with the secret of that key"
+    if code in ("ExpiredToken", "TokenRefreshRequired", "InvalidToken", "ExpiredTokenException"):
+        return f"the S3 credentials have expired ({code}); renew them: {credentials}"
+    if code in ("AccessDenied", "403", "AllAccessDisabled", "Forbidden"):
+        return (
+            f"access denied ({code}): the credentials in the environment may not read s3://{bucket}; give credentials allowed "
+            f"to (s3:GetObject and s3:ListBucket; data optimize also s3:PutObject): {credentials}"
+        )
     if code in ("NoSuchKey", "404", "NotFound"):
         return "no such object"
-    return f"{code}: {response.get('Error', {}).get('Message', '')}".strip()
+    message = str(response.get("Error", {}).get("Message", "")).strip()
+    return f"{code}: {message}".strip(": ") or None
 
 
 def _bucket_problem(url: str) -> str:
@@ -158,7 +190,10 @@ def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
         path = Path(url)
         if not path.is_file():
             raise StreamError(f"{url}: no {what} there; {fix}")
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise StreamError(f"{url}: cannot read the {what} ({e.strerror or type(e).__name__}); check the file's permissions") from None
     else:
         require_litdata("data.stream_from")
         from litdata.streaming.fs_provider import _get_fs_provider
@@ -171,9 +206,18 @@ def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
                 problem = _s3_problem(url, e)
                 if problem == "no such object":
                     problem = _bucket_problem(url)
+                elif str(getattr(e, "response", {}).get("Error", {}).get("Code", "")) == "403" and urlparse(url).scheme == "s3":
+                    # a HEAD's 403 has no body: one GET says why (denied, unknown key, wrong secret, expired)
+                    import boto3
+
+                    parsed = urlparse(url)
+                    try:
+                        boto3.client("s3").get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"), Range="bytes=0-0")
+                    except Exception as precise:  # noqa: BLE001 - its code is the answer
+                        problem = _s3_problem(url, precise) or problem
                 if problem == "no such object":
                     raise StreamError(f"{url}: no {what} there; {fix}") from None
-                detail = problem or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                detail = problem or f"{type(e).__name__}: {_first_line(e)}"
                 raise StreamError(f"{url}: cannot read the {what}: {detail}") from None
             text = Path(local).read_text()
     try:
@@ -190,7 +234,8 @@ def _s3_sizes(url: str) -> dict[str, int]:
     import boto3
 
     parsed = urlparse(url)
-    prefix = parsed.path.lstrip("/").rstrip("/") + "/"
+    prefix = parsed.path.strip("/")
+    prefix = prefix + "/" if prefix else ""  # s3://bucket: the bucket's top level
     sizes: dict[str, int] = {}
     for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=parsed.netloc, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -205,6 +250,10 @@ def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
 
     ``chunks`` are ``index.json``'s entries (``filename``, ``chunk_bytes``).  A local folder is listed
     with ``os.scandir``, an ``s3://`` prefix with LIST requests; other schemes are checked for presence.
+
+    Raises:
+        StreamError: object storage that cannot be listed (access denied, no bucket, no connection):
+            rewriting the chunks would not help, so the message names that fix instead.
     """
     if not chunks:
         return f"its {SPLIT_FILE} lists no chunk files (written by an older or interrupted run)"
@@ -218,19 +267,27 @@ def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
 
             provider = _get_fs_provider(url)
             sizes = {c["filename"]: int(c["chunk_bytes"]) for c in chunks if provider.exists(join_url(url, c["filename"]))}
+    except FileNotFoundError:
+        return f"its folder {url} is gone"
     except Exception as e:  # noqa: BLE001 - the listing's own error, in words, is the message
         problem = _s3_problem(url, e)
+        if is_remote(url):
+            raise StreamError(
+                f"{url}: cannot list the chunk files: {problem or f'{type(e).__name__}: {_first_line(e)}; check the URL and the connection'}"
+            ) from None
         return f"its chunks cannot be listed ({problem or f'{type(e).__name__}: {_first_line(e)}'})"
     gone = [c["filename"] for c in chunks if c["filename"] not in sizes]
-    short = [c["filename"] for c in chunks if c["filename"] in sizes and sizes[c["filename"]] != int(c["chunk_bytes"])]
+    short = [c for c in chunks if c["filename"] in sizes and sizes[c["filename"]] != int(c["chunk_bytes"])]
     if not gone and not short:
         return None
     parts = []
     if gone:
         parts.append(f"{len(gone)} of {len(chunks)} chunk files are missing ({', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''})")
     if short:
+        named = ", ".join(f"{c['filename']}: {sizes[c['filename']]} of {int(c['chunk_bytes'])} bytes" for c in short[:3])
         parts.append(
-            f"{len(short)} have another size than written, e.g. truncated ({', '.join(short[:3])}{' ...' if len(short) > 3 else ''})"
+            f"{len(short)} of {len(chunks)} chunk files have another size than LitData wrote, i.e. truncated or replaced "
+            f"({named}{' ...' if len(short) > 3 else ''})"
         )
     return "; ".join(parts)
 

@@ -9,6 +9,7 @@ does not fit the configuration stops at setup with one line.  Fits through the C
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -22,11 +23,11 @@ import torch
 
 pytest.importorskip("litdata", reason="data.stream_from needs the [streaming] extra (litdata)")
 
-from cloc_lightning.data import OrdinalShapesDataModule, SupConViews  # noqa: E402
-from cloc_lightning.data.cache import store_image  # noqa: E402
-from cloc_lightning.data.errors import DataConfigError  # noqa: E402
-from cloc_lightning.data.optimize import optimize_data  # noqa: E402
-from cloc_lightning.data.streaming import (  # noqa: E402
+from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
+from cloc_lightning.data.cache import store_image
+from cloc_lightning.data.errors import DataConfigError
+from cloc_lightning.data.optimize import optimize_data
+from cloc_lightning.data.streaming import (
     STREAM_FILE,
     ChunkShuffleSampler,
     ChunkSplit,
@@ -78,7 +79,7 @@ def test_chunk_order_reads_each_chunk_in_one_window() -> None:
             last = {c: len(met) - 1 - met[::-1].index(c) for c in set(met)}
             ranked = sorted(first, key=lambda c: first[c])
             groups = [ranked[i : i + window] for i in range(0, len(ranked), window)]
-            for a, b in zip(groups, groups[1:], strict=False):
+            for a, b in itertools.pairwise(groups):
                 assert max(last[c] for c in a) < min(first[c] for c in b)
     assert chunk_order(chunk_of, 5, 0, 3) != chunk_order(chunk_of, 5, 1, 3)
     assert chunk_order(chunk_of, 5, 0, 3) != chunk_order(chunk_of, 6, 0, 3)
@@ -157,7 +158,7 @@ def test_distributed_shares_are_contiguous_parts_of_one_order(chunk_sets: dict[s
     for world in (2, 3):
         shares = [list(DistributedChunkShuffleSampler(ds, world, r, seed=1, drop_last=True)) for r in range(world)]
         assert len({len(s) for s in shares}) == 1
-        assert sum(shares, []) == one[: len(shares[0]) * world]
+        assert [p for share in shares for p in share] == one[: len(shares[0]) * world]
 
 
 def test_rerun_keeps_finished_splits_and_refuses_other_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,3 +225,63 @@ def test_parallel_writers_write_the_same_chunks_as_one_process(chunk_sets: dict[
         assert one[split].meta["source_index"] == two[split].meta["source_index"]  # type: ignore[attr-defined]
         for i in range(len(one[split])):
             assert torch.equal(one[split].stored(i)[0], two[split].stored(i)[0]), (split, i)
+
+
+REPO = Path(__file__).resolve().parents[2]
+RELIC_DEMO = [
+    "--config",
+    str(REPO / "configs/relic/demo.yaml"),
+    "--data.train_size",
+    "256",
+    "--data.val_size",
+    "64",
+    "--data.test_size",
+    "64",
+]
+
+
+@pytest.mark.slow
+def test_a_shipped_config_trains_from_a_local_chunk_folder_through_the_cli(tmp_path: Path) -> None:
+    """``configs/relic/demo.yaml`` (multi-crop views, EMA, online probe, test after fit): optimize, then fit 2 epochs from the chunks."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    cli = [sys.executable, "-m", "cloc_lightning"]
+    chunks = tmp_path / "chunks"
+    made = subprocess.run(
+        [*cli, "data", "optimize", *RELIC_DEMO, "--out", str(chunks), "--workers", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert (chunks / "cloc_stream.json").is_file() and (chunks / "train" / "cloc_split.json").is_file()
+    fit = subprocess.run(
+        [
+            *cli,
+            "fit",
+            *RELIC_DEMO,
+            "--data.stream_from",
+            str(chunks),
+            "--trainer.max_epochs",
+            "2",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "runs"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    run = tmp_path / "runs" / "relic_demo" / "version_0"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    record = json.loads((run / "data.json").read_text())
+    assert [s["kind"] for s in record["stores"]] == ["stream"] * 3
+    assert "test/" in fit.stdout + fit.stderr  # test_after_fit ran on the streamed test split
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 1 and ckpt["global_step"] == 2 * (256 // 64)
