@@ -10,11 +10,6 @@ from __future__ import annotations
 import os
 import sys
 
-from cloc_lightning._s3_http import allow_http_endpoint, http_endpoint
-
-if http_endpoint():  # also in the processes LitData spawns (data optimize's writers and uploaders): they import this module
-    allow_http_endpoint()
-
 
 def import_from_working_folder() -> None:
     """Put the working folder first on ``sys.path``, as ``python -m cloc_lightning`` does.

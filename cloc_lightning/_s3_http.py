@@ -2,9 +2,10 @@
 
 LitData 0.2.7x builds its obstore S3 client with fixed client options, and obstore refuses plain
 HTTP unless ``allow_http`` is set; real S3 is HTTPS and is not touched.  Only an ``http://``
-``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), which the user sets, turns it on.
-``data optimize`` runs LitData's writers and uploaders in spawned processes, which import
-``cloc_lightning.__main__`` (the command's main module) and so call :func:`allow_http_endpoint` too.
+``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``), which the user sets, turns it on.  It is called
+where LitData is first used in a process (:func:`cloc_lightning.data.streaming.require_litdata`) and
+where a chunk split is unpickled in a spawned loader worker; ``data optimize`` uploads from its own
+process with boto3, which needs nothing of this.
 """
 
 from __future__ import annotations

@@ -419,7 +419,9 @@ def checkpoint_position(path: str) -> str:
     epoch, step = ckpt.get("epoch"), ckpt.get("global_step")
     try:
         loop = ckpt["loops"]["fit_loop"]
-        batches = int(loop["epoch_loop.batch_progress"]["current"]["completed"])
+        # processed, not completed: Lightning counts a batch completed after its on_train_batch_end, where
+        # ModelCheckpoint(every_n_train_steps) and the preemption checkpoint are written
+        batches = int(loop["epoch_loop.batch_progress"]["current"]["processed"])
         finished = bool(loop["epoch_loop.batch_progress"].get("is_last_batch")) or int(
             loop["epoch_progress"]["current"]["processed"]
         ) > int(epoch or 0)

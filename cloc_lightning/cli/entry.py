@@ -151,7 +151,8 @@ def loader_worker_error(exc: BaseException) -> BaseException | None:
             package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             last = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
             kind, _, message = last.partition(": ")
-            if frames and package in frames[-1] and message and kind.split(".")[-1] in {t.__name__ for t in _USER_ERRORS}:
+            ours = kind.split(".")[-1] in {t.__name__ for t in _USER_ERRORS} or isinstance(cur, _USER_ERRORS)  # torch re-raises the class
+            if frames and package in frames[-1] and message and ours:
                 return RuntimeError(message)
         cur = cur.__cause__ or cur.__context__
     return None

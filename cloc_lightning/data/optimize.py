@@ -38,6 +38,8 @@ from cloc_lightning.data.streaming import (
     STREAM_FILE,
     STREAM_FORMAT,
     StreamError,
+    _first_line,
+    _s3_problem,
     is_remote,
     join_url,
     missing_chunks,
@@ -57,9 +59,6 @@ SPLITS = ("train", "val", "test")
 class ChunkEncoder:
     """``(position, source index)`` -> the chunk item of one image (runs in LitData's worker processes, pickled).
 
-    Unpickled in a LitData worker (a fresh, spawned interpreter) it lets LitData's object-store
-    client use an ``http://`` S3 endpoint there too (:func:`~cloc_lightning.data.streaming.require_litdata`).
-
     The item: ``index`` (its position in the split's chunks), ``label``, the stored size ``h, w``, the
     original size ``nh, nw``, the ``codec`` and the ``image`` bytes.
     """
@@ -69,10 +68,6 @@ class ChunkEncoder:
         self.layout = layout
         self.image_format = image_format
         self.quality = int(quality)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        require_litdata("cloc-lightning data optimize")
 
     def encode(self, x: torch.Tensor) -> bytes:
         """The bytes of ``x [3, h, w]`` (uint8) in this encoder's format."""
@@ -122,7 +117,12 @@ def write_json(url: str, data: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         local = os.path.join(folder, os.path.basename(url))
         Path(local).write_text(text)
-        _get_fs_provider(url).upload_file(local, url)
+        try:
+            _get_fs_provider(url).upload_file(local, url)
+        except Exception as e:  # noqa: BLE001 - a denied write, a missing bucket: in words
+            raise StreamError(
+                f"{url}: cannot write ({_s3_problem(url, e) or f'{type(e).__name__}: {_first_line(e)}'}); check --out"
+            ) from None
 
 
 def _existing(url: str, what: str) -> dict[str, Any] | None:
@@ -280,20 +280,14 @@ def _write_split(
     print(f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}", flush=True)
     encoder = ChunkEncoder(base, layout, image_format, quality)
     work = [(p, s) for p, s in enumerate(kept)]
-    if workers <= 1 and not is_remote(url):  # one process: LitData's writer here, without spawning its worker processes
-        _write_here(litdata, encoder, work, url, chunk_bytes)
+    if is_remote(url):  # written here first, then uploaded by this process (errors in words; any http:// endpoint)
+        with tempfile.TemporaryDirectory(prefix="cloc-optimize-") as stage:
+            _write_local(litdata, encoder, work, stage, chunk_bytes, workers)
+            index = read_json(join_url(stage, "index.json"), "LitData index", "run data optimize again")
+            _upload(stage, url)
     else:
-        litdata.optimize(
-            fn=encoder,
-            inputs=work,
-            output_dir=url,
-            chunk_bytes=chunk_bytes,
-            num_workers=min(workers, max(1, len(kept))),
-            mode="overwrite",
-            keep_data_ordered=True,
-            start_method="spawn",
-        )
-    index = read_json(join_url(url, "index.json"), "LitData index", "run data optimize again")
+        _write_local(litdata, encoder, work, url, chunk_bytes, workers)
+        index = read_json(join_url(url, "index.json"), "LitData index", "run data optimize again")
     chunk_sizes = [int(c["chunk_size"]) for c in index.get("chunks", [])]
     if sum(chunk_sizes) != len(kept):
         raise StreamError(f"{url}: LitData wrote {sum(chunk_sizes)} of {len(kept)} images; run data optimize again to rewrite the split")
@@ -325,7 +319,60 @@ def _write_split(
     return summary
 
 
-def _write_here(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]], url: str, chunk_bytes: str) -> None:
+def _write_local(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]], folder: str, chunk_bytes: str, workers: int) -> None:
+    """Chunks of ``work`` in the local ``folder``: in this process (``workers`` 1) or LitData's spawned writers."""
+    if workers <= 1:
+        _write_here(encoder, work, folder, chunk_bytes)
+        return
+    with tempfile.TemporaryDirectory(prefix="cloc-litdata-") as private:
+        # LitData's writers stage in /tmp/chunks by default and every optimize run empties it: one run's folders of its own
+        saved = {k: os.environ.get(k) for k in _LITDATA_FOLDERS}
+        os.environ.update({k: os.path.join(private, k.lower()) for k in _LITDATA_FOLDERS})
+        try:
+            litdata.optimize(
+                fn=encoder,
+                inputs=work,
+                output_dir=folder,
+                chunk_bytes=chunk_bytes,
+                num_workers=min(workers, max(1, len(work))),
+                mode="overwrite",
+                keep_data_ordered=True,
+                start_method="spawn",
+            )
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+#: LitData's staging folders (environment variables its writer processes read)
+_LITDATA_FOLDERS = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+
+
+def _upload(stage: str, url: str) -> None:
+    """Upload the chunk files and index of ``stage`` to ``url`` (8 at a time), else a one-line :class:`StreamError`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from litdata.streaming.fs_provider import _get_fs_provider
+
+    files = sorted(p for p in Path(stage).iterdir() if p.is_file())
+    size = sum(p.stat().st_size for p in files)
+    print(f"data optimize: uploading {len(files)} files ({size / 1e6:.1f} MB) to {url}", flush=True)
+    provider = _get_fs_provider(url)
+    chunks = [p for p in files if p.name != "index.json"]
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda p: provider.upload_file(str(p), join_url(url, p.name)), chunks))
+        provider.upload_file(str(Path(stage) / "index.json"), join_url(url, "index.json"))  # last: the split is readable
+    except Exception as e:  # noqa: BLE001 - boto3/gcs/azure upload errors, in words
+        raise StreamError(
+            f"{url}: the upload failed ({_s3_problem(url, e) or f'{type(e).__name__}: {_first_line(e)}'}); run data optimize again"
+        ) from None
+
+
+def _write_here(encoder: ChunkEncoder, work: list[tuple[int, int]], url: str, chunk_bytes: str) -> None:
     """``--workers 1`` to a local folder: LitData's ``BinaryWriter`` in this process (the chunk files and index of ``optimize``)."""
     from litdata.streaming.writer import BinaryWriter
 

@@ -34,6 +34,7 @@ from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSa
 __all__ = ["StreamMixin", "default_chunk_cache"]
 
 _BUILD = "build it with `cloc-lightning data optimize --config <this config> --out {url}`"
+_REWRITE = "write the damaged split again: `cloc-lightning data optimize --config <this config> --out {url}` (complete splits are kept)"
 
 
 def default_chunk_cache() -> str:
@@ -105,10 +106,9 @@ class StreamMixin:
             meta = read_json(join_url(url, split, SPLIT_FILE), f"{split} split record ({SPLIT_FILE})", _BUILD.format(url=url))
             problem = missing_chunks(join_url(url, split), meta.get("chunks", []))
             if problem is not None:  # nothing trains on part of the data without saying so
-                raise StreamError(
-                    f"data.stream_from {join_url(url, split)}: {problem}; {_BUILD.format(url=url)} (finished splits are kept)"
-                )
+                raise StreamError(f"data.stream_from {join_url(url, split)}: {problem}; {_REWRITE.format(url=url)}")
             sets[split] = ChunkSplit(join_url(url, split), meta, cache_dir=cache, cache_limit=self.stream_cache_bytes)
+            sets[split].open()
             self.store_records.append(
                 {
                     "split": split,

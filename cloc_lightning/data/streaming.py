@@ -350,6 +350,9 @@ class ChunkSplit(LabelledDataset):
                     kwargs["max_cache_size"] = self.cache_limit
             try:
                 self._ds = litdata.StreamingDataset(self.url, **kwargs)
+                # read by index, LitData fetches each sample's bytes with ranged GETs and caches nothing: whole chunks
+                # instead, into the cache (bounded by cache_limit), as its own iteration does
+                self._ds._on_demand_bytes = False
             except Exception as e:  # noqa: BLE001 - LitData's own messages are long; ours names the URL and the fix
                 raise StreamError(
                     f"{self.url}: LitData cannot open the chunks ({type(e).__name__}: {_first_line(e)}); {_REBUILD}"
@@ -360,6 +363,14 @@ class ChunkSplit(LabelledDataset):
                     f"incomplete or mixed with another; {_REBUILD}"
                 )
         return self._ds
+
+    def open(self) -> None:
+        """Open the reader here, before loader workers start: a remote split's index is fetched into the cache once.
+
+        (Two workers opening a remote split at once race for LitData's lock on ``index.json``, and the loser
+        finds no index.)
+        """
+        self._dataset()
 
     def describe(self, index: int) -> str:
         return f"{self.url} sample {index} ({self.files[index]})"
@@ -377,7 +388,9 @@ class ChunkSplit(LabelledDataset):
         except StreamError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or damaged chunk, a chunk deleted from the bucket, a lost connection
-            raise StreamError(f"{self.describe(index)}: cannot read its chunk ({type(e).__name__}: {_first_line(e)}); {_REBUILD}") from None
+            problem = _s3_problem(self.url, e) if is_remote(self.url) else None
+            fix = problem or f"{type(e).__name__}: {_first_line(e)}); {_REBUILD}"
+            raise StreamError(f"{self.describe(index)}: cannot read its chunk ({fix}" + (")" if problem else "")) from None
         if int(item.get("index", -1)) != int(index):
             raise StreamError(
                 f"{self.describe(index)}: the chunk holds sample {item.get('index')} in its place; the chunks and {SPLIT_FILE} "
