@@ -46,6 +46,7 @@ ORDER: dict[str, str] = {
     "data_path": "The data path inside Trainer.fit: loader path vs decode once + augment on the device",
     "store_size": "Stored image size and the sharpness of the training views (gradient energy vs the original files)",
     "test_tier": "The fast test tier's wall time beside the tier that was too slow (issue 51)",
+    "streaming": "LitData chunks (data.stream_from) vs data.cache: disk vs the loader path: bytes per image, loader items/s per core",
 }
 
 

@@ -222,7 +222,12 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=str, required=True, help="a folder (created) or an object-storage URL (s3://bucket/prefix)")
     parser.add_argument("--format", type=ImageFormat, default="jpeg", help="jpeg, webp, png (lossless) or raw (data.cache's pixels)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG / WebP quality, 1-100")
-    parser.add_argument("--workers", type=int | None, default=None, help="writer processes (default: the CPUs, at most 8)")
+    parser.add_argument(
+        "--workers",
+        type=int | None,
+        default=None,
+        help="writer processes (default: 1 for splits under 10,000 images, else the CPUs, at most 8)",
+    )
     parser.add_argument("--chunk_bytes", type=str, default="64MB", help="bytes per chunk, e.g. 64MB")
     parser.add_argument("--splits", type=list[str], default=["train", "val", "test"], help="the splits to write")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace chunks built from other data at --out")

@@ -54,6 +54,8 @@ __all__ = ["ImageFormat", "optimize_data", "ChunkEncoder", "write_json"]
 #: how ``data optimize`` stores an image: ``jpeg`` (default), ``webp``, lossless ``png``, or the ``raw`` uint8 pixels
 ImageFormat = Literal["jpeg", "webp", "png", "raw"]
 SPLITS = ("train", "val", "test")
+#: splits with fewer images are written by one writer in the calling process when ``--workers`` is not given
+SMALL_SPLIT = 10_000
 
 
 class ChunkEncoder:
@@ -162,7 +164,7 @@ def optimize_data(
         out: a local folder or an object-storage URL (``s3://bucket/prefix``; credentials from the environment).
         image_format: ``jpeg``, ``webp``, ``png`` (lossless) or ``raw`` (the stored pixels, bit-identical to ``data.cache``).
         quality: JPEG/WebP quality (1-100).
-        workers: LitData worker processes (default: the CPUs, at most 8).
+        workers: LitData writer processes; ``None``: 1 (in this process) for splits under ``SMALL_SPLIT`` images, else the CPUs (at most 8).
         chunk_bytes: the size of a chunk, e.g. ``64MB``.
         splits: the splits to write.
         overwrite: rewrite an ``out`` that was built from other data (otherwise refused).
@@ -178,7 +180,6 @@ def optimize_data(
     parse_size("--chunk_bytes", chunk_bytes)
     if getattr(datamodule, "stream_from", None):
         raise DataConfigError("data.stream_from is set in this config: data optimize reads the original files; remove data.stream_from")
-    workers = int(workers) if workers is not None else max(1, min(8, os.cpu_count() or 1))
     if not is_remote(out):
         out = os.path.abspath(os.path.expanduser(out))
         if os.path.isfile(out):
@@ -253,7 +254,7 @@ def _write_split(
     out: str,
     image_format: str,
     quality: int,
-    workers: int,
+    workers: int | None,
     chunk_bytes: str,
     overwrite: bool,
 ) -> dict[str, Any]:
@@ -280,6 +281,8 @@ def _write_split(
     print(f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}", flush=True)
     encoder = ChunkEncoder(base, layout, image_format, quality)
     work = [(p, s) for p, s in enumerate(kept)]
+    if workers is None:  # spawned writers start in seconds each: worth it for large splits only (benchmarks/results/streaming.md)
+        workers = 1 if len(work) < SMALL_SPLIT else max(1, min(8, os.cpu_count() or 1))
     if is_remote(url):  # written here first, then uploaded by this process (errors in words; any http:// endpoint)
         with tempfile.TemporaryDirectory(prefix="cloc-optimize-") as stage:
             _write_local(litdata, encoder, work, stage, chunk_bytes, workers)

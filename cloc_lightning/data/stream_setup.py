@@ -108,7 +108,6 @@ class StreamMixin:
             if problem is not None:  # nothing trains on part of the data without saying so
                 raise StreamError(f"data.stream_from {join_url(url, split)}: {problem}; {_REWRITE.format(url=url)}")
             sets[split] = ChunkSplit(join_url(url, split), meta, cache_dir=cache, cache_limit=self.stream_cache_bytes)
-            sets[split].open()
             self.store_records.append(
                 {
                     "split": split,
@@ -118,6 +117,11 @@ class StreamMixin:
                     "source": record.get("source"),
                 }
             )
+        # LitData bounds each split's reader on its own: the limit is shared out in proportion to the splits' bytes
+        total = sum(int(d.meta.get("bytes") or 0) for d in sets.values()) or 1
+        for d in sets.values():
+            d.cache_limit = max(1, self.stream_cache_bytes * int(d.meta.get("bytes") or 0) // total)
+            d.open()
         self._check_train_layout(sets["train"], record)
         where = f"cache {cache}, at most {self.stream_cache_bytes / 1e9:.1f} GB" if cache else "local"
         rank_zero_info(
