@@ -27,6 +27,7 @@ resume reports (Lightning-AI/litData#248 across nodes, #760 after a second epoch
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -68,6 +69,8 @@ STREAM_FILE = "cloc_stream.json"
 SPLIT_FILE = "cloc_split.json"
 #: what a chunk set's records mean; bumped when they change
 STREAM_FORMAT = 1
+#: the cache limit LitData is given (none: :meth:`ChunkSplit._evict` keeps ``stream_cache_limit``)
+_NO_LIMIT = 2**62
 
 
 class StreamError(DataConfigError):
@@ -343,6 +346,8 @@ class ChunkSplit(LabelledDataset):
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.chunk_sizes = [int(n) for n in meta["chunk_sizes"]]
+        self._bounds = np.cumsum(self.chunk_sizes)
+        self._entered = -1
         self._ds: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -363,8 +368,9 @@ class ChunkSplit(LabelledDataset):
             if is_remote(self.url):
                 if self.cache_dir is not None:
                     kwargs["cache_dir"] = self.cache_dir
-                if self.cache_limit is not None:
-                    kwargs["max_cache_size"] = self.cache_limit
+                # LitData's own eviction assumes chunks read in sequence (read by index in a shuffle window it deletes chunks
+                # still in use, or deadlocks on its slot budget): it is given no limit, and _evict keeps the cache's size
+                kwargs["max_cache_size"] = _NO_LIMIT
             try:
                 self._ds = litdata.StreamingDataset(self.url, **kwargs)
                 # read by index, LitData fetches each sample's bytes with ranged GETs and caches nothing: whole chunks
@@ -374,9 +380,11 @@ class ChunkSplit(LabelledDataset):
                 raise StreamError(
                     f"{self.url}: LitData cannot open the chunks ({type(e).__name__}: {_first_line(e)}); {_REBUILD}"
                 ) from None
-            if len(self._ds) != len(self.targets):
+            # under torch.distributed, len() is this process's share; reads by index use the whole set's index
+            held = sum(int(b) - int(a) for a, b in getattr(self._ds, "region_of_interest", []) or []) or len(self._ds)
+            if held != len(self.targets):
                 raise StreamError(
-                    f"{self.url}: the chunks hold {len(self._ds)} samples, {SPLIT_FILE} lists {len(self.targets)}: the chunk set is "
+                    f"{self.url}: the chunks hold {held} samples, {SPLIT_FILE} lists {len(self.targets)}: the chunk set is "
                     f"incomplete or mixed with another; {_REBUILD}"
                 )
         return self._ds
@@ -398,6 +406,45 @@ class ChunkSplit(LabelledDataset):
             except Exception as e:  # noqa: BLE001 - in words
                 raise StreamError(f"{self.url}: cannot read its chunks ({_s3_problem(self.url, e) or _first_line(e)})") from None
 
+    def _drop_reader(self) -> None:
+        reader = getattr(getattr(self._ds, "cache", None), "_reader", None)
+        thread = getattr(reader, "_prepare_thread", None)
+        if thread is not None and callable(getattr(thread, "stop", None)):
+            thread.stop()
+        self._ds = None
+
+    def _evict(self, index: int) -> None:
+        """On entering a new chunk: the least recently entered chunk files of this split's cache folder beyond ``cache_limit``.
+
+        Runs in every loader worker (each its own reader, one folder): a chunk another worker still reads is downloaded
+        again by it (:meth:`read`), so the limit should hold a few chunks per worker.
+        """
+        chunk = int(np.searchsorted(self._bounds, index, side="right"))
+        if chunk == self._entered or self.cache_limit is None:
+            return
+        self._entered = chunk
+        folder = Path(str(getattr(getattr(self._ds, "input_dir", None), "path", "") or ""))
+        if not folder.is_dir():
+            return
+        current = folder / str(self.meta["chunks"][chunk]["filename"]) if chunk < len(self.meta.get("chunks") or []) else None
+        files = []
+        for path in folder.glob("chunk-*.bin"):
+            try:
+                if current is not None and path == current:
+                    os.utime(path)  # the most recently entered
+                files.append((path.stat().st_mtime, path.stat().st_size, path))
+            except OSError:
+                continue  # evicted by another worker meanwhile
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.cache_limit:
+                break
+            if path == current:
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
+
     def describe(self, index: int) -> str:
         return f"{self.url} sample {index} ({self.files[index]})"
 
@@ -410,13 +457,23 @@ class ChunkSplit(LabelledDataset):
     def read(self, index: int) -> dict[str, Any]:
         """The chunk item of sample ``index`` (checked: it names ``index``), else a one-line :class:`StreamError`."""
         try:
-            item: dict[str, Any] = self._dataset()[int(index)]
+            try:
+                item: dict[str, Any] = self._dataset()[int(index)]
+            except FileNotFoundError:
+                if not is_remote(self.url):
+                    raise
+                # a chunk evicted (_evict, in this or another loader worker) that this reader had downloaded: a fresh reader
+                # downloads it again
+                self._drop_reader()
+                item = self._dataset()[int(index)]
         except StreamError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or damaged chunk, a chunk deleted from the bucket, a lost connection
             problem = _s3_problem(self.url, e) if is_remote(self.url) else None
             fix = problem or f"{type(e).__name__}: {_first_line(e)}); {_REBUILD}"
             raise StreamError(f"{self.describe(index)}: cannot read its chunk ({fix}" + (")" if problem else "")) from None
+        if is_remote(self.url):
+            self._evict(int(index))
         if int(item.get("index", -1)) != int(index):
             raise StreamError(
                 f"{self.describe(index)}: the chunk holds sample {item.get('index')} in its place; the chunks and {SPLIT_FILE} "
