@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import markdown_table, peak_memory_mb, time_interleaved, write_results
+from benchmarks.harness import busy_jiffies, markdown_table, peak_memory_mb, time_interleaved, write_results
 from cloc_lightning.losses.sigmoid import sigmoid_contrastive_loss
 from tests.references.sigmoid import scl_reference
 
@@ -158,17 +158,6 @@ def _load() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
-def _busy_jiffies() -> int | None:
-    """Non-idle CPU time of the whole machine in clock ticks (``/proc/stat``), or ``None`` off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
-    return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
-
-
 class _OtherCPU:
     """Average number of cores that processes other than this one kept busy between ``start()`` and ``stop()``
     (``children=True``: other than this one and the children it waited for)."""
@@ -177,10 +166,10 @@ class _OtherCPU:
         self.fields = 4 if children else 2
 
     def start(self) -> None:
-        self.wall, self.own, self.jiffies = time.perf_counter(), sum(os.times()[: self.fields]), _busy_jiffies()
+        self.wall, self.own, self.jiffies = time.perf_counter(), sum(os.times()[: self.fields]), busy_jiffies()
 
     def stop(self) -> float | None:
-        jiffies = _busy_jiffies()
+        jiffies = busy_jiffies()
         if jiffies is None or self.jiffies is None:
             return None
         wall = time.perf_counter() - self.wall

@@ -60,6 +60,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from benchmarks.harness import busy_jiffies
+
 if TYPE_CHECKING:
     from cloc_lightning.data.optimize import ImageFormat
 
@@ -153,24 +155,16 @@ def _describe_batch(batch: Any) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # the load of the machine
 # ----------------------------------------------------------------------------------------------------------------
-def _busy_jiffies() -> int | None:
-    """Non-idle CPU time of the whole machine in clock ticks (``/proc/stat``), or ``None`` off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
 
 
 class _OtherCores:
     """Average number of cores that processes other than this one kept busy between construction and :meth:`stop`."""
 
     def __init__(self) -> None:
-        self.wall, self.own, self.jiffies = time.perf_counter(), sum(os.times()[:2]), _busy_jiffies()
+        self.wall, self.own, self.jiffies = time.perf_counter(), sum(os.times()[:2]), busy_jiffies()
 
     def stop(self) -> float | None:
-        jiffies = _busy_jiffies()
+        jiffies = busy_jiffies()
         if jiffies is None or self.jiffies is None:
             return None
         machine = (jiffies - self.jiffies) / os.sysconf("SC_CLK_TCK")

@@ -254,6 +254,17 @@ def peak_memory_mb(factory: str, kwargs: dict[str, Any], timeout: float = 600) -
     return float(res.stdout.strip().splitlines()[-1])
 
 
+def busy_jiffies() -> int | None:
+    """Non-idle CPU time of the whole machine in clock ticks (``/proc/stat``), or ``None`` off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
+    return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+
+
 def environment() -> dict[str, Any]:
     """Versions, machine, time and git state recorded with every result (:func:`experiments.provenance.provenance`),
     and how peak memory is measured here (``memory_method``)."""

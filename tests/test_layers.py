@@ -40,6 +40,7 @@ LAYERS = {
     "data_contract": 9,
     "hub": 9,
     "threads": 9,
+    "_s3_http": 9,
 }
 
 #: inside ``data/``: module -> layer (0 = top), the same rule one level down: the concrete data modules stand on
@@ -52,6 +53,9 @@ DATA_LAYERS = {
     "torchvision_sets": 0,
     "synthetic": 0,
     "base": 1,
+    "optimize": 1,
+    "stream_setup": 2,
+    "streaming": 2,
     "datasets": 2,
     "cache": 2,
     "seeding": 2,

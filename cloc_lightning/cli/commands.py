@@ -210,10 +210,9 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
             print("usage: cloc-lightning data optimize --config CFG --out DIR_OR_URL [options]  (data optimize --help: the options)")
             return {}
         raise ValueError(f"cloc-lightning data: {problem}give `data optimize --config CFG --out DIR_OR_URL`")
-    from cloc_lightning.cli.parser import CLOCArgumentParser
-
-    parser = CLOCArgumentParser(
+    parser = ArgumentParser(
         prog="cloc-lightning data optimize",
+        formatter_class=CLOCHelpFormatter,
         description="Write every split of a config's data module as LitData chunks (local folder or s3:// URL) for data.stream_from.",
         default_env=False,
     )

@@ -23,7 +23,6 @@ __all__ = [
     "check_val_fraction",
     "check_split_fractions",
     "check_base_sets",
-    "check_rrc_scale",
     "check_triple",
     "is_uint8_batch",
     "auto_workers",
@@ -133,14 +132,6 @@ def check_base_sets(owner: str, base: Any) -> Any:
         if lacks:
             raise DataConfigError(f"{owner}.build_base_sets: the {split} set is a {type(ds).__name__} without {lacks}; {fix}")
     return base
-
-
-def check_rrc_scale(value: Any) -> tuple[float, float]:
-    """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a :class:`DataConfigError`."""
-    from cloc_lightning.data.transforms import check_crop_scale
-
-    with config_errors():
-        return check_crop_scale("rrc_scale", value)
 
 
 def check_triple(name: str, value: Any, *, positive: bool) -> tuple[float, float, float] | None:

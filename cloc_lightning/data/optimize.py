@@ -22,11 +22,14 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
+from unittest import mock
+from urllib.parse import urlparse
 
 import torch
 
@@ -40,12 +43,15 @@ from cloc_lightning.data.streaming import (
     StreamError,
     _first_line,
     _s3_problem,
+    changed_chunks,
+    file_md5,
     is_remote,
     join_url,
     missing_chunks,
     parse_size,
     read_json,
     require_litdata,
+    s3_etags,
 )
 from cloc_lightning.data.tables import hash_fraction
 
@@ -184,6 +190,7 @@ def optimize_data(
         out = os.path.abspath(os.path.expanduser(out))
         if os.path.isfile(out):
             raise DataConfigError(f"--out {out} is a file; give a folder (it is created) or an s3:// URL")
+    settings = datamodule.data_settings()  # before the sets are built (which keeps more on the module)
     base = datamodule._ensure_base()
     name = type(datamodule).__name__
     previous = _existing(join_url(out, STREAM_FILE), STREAM_FILE)
@@ -194,6 +201,7 @@ def optimize_data(
         "class_names": [str(c) for c in datamodule.class_names],
         "task": getattr(datamodule, "task", None),
         "image_size": int(datamodule.image_size),
+        "data_settings": settings,
         "image_format": image_format,
         "quality": int(quality) if image_format in ("jpeg", "webp") else None,
         "splits": {},
@@ -202,9 +210,11 @@ def optimize_data(
         for split in splits:
             old = (previous.get("splits") or {}).get(split, {}).get("identity")
             if old is not None and split in base and old != _identity(datamodule, base[split], split, image_format, int(quality)):
+                was = (previous.get("splits") or {}).get(split, {})
                 raise StreamError(
-                    f"{out} holds a {split} split of other data or another layout ({previous.get('source')}, "
-                    f"{(previous.get('splits') or {}).get(split, {}).get('layout')}), not of this config ({record['source']}); "
+                    f"{out} holds a {split} split written from other data, layout or format ({previous.get('source')}, "
+                    f"{was.get('layout')}, {previous.get('image_format')}, identity {old}) than this config's "
+                    f"({record['source']}, {image_format}, identity {_identity(datamodule, base[split], split, image_format, int(quality))}); "
                     "give another --out, or --overwrite to replace them"
                 )
     start_method = multiprocessing.get_start_method(allow_none=True)
@@ -270,6 +280,7 @@ def _write_split(
         and previous.get("identity") == identity
         and not overwrite
         and not missing_chunks(url, previous.get("chunks", []))
+        and not changed_chunks(url, previous.get("chunks", []))
     ):
         print(f"data optimize: {split}: kept ({previous.get('n')} images, complete, built from the same data)", flush=True)
         summary["n"], summary["bytes"] = previous.get("n"), previous.get("bytes")
@@ -288,13 +299,19 @@ def _write_split(
             _write_local(litdata, encoder, work, stage, chunk_bytes, workers)
             index = read_json(join_url(stage, "index.json"), "LitData index", "run data optimize again")
             _upload(stage, url)
+        prints = s3_etags(url) if urlparse(url).scheme == "s3" else {}
+        fingerprint = {name: {"etag": tag} for name, tag in prints.items()}
     else:
         _write_local(litdata, encoder, work, url, chunk_bytes, workers)
         index = read_json(join_url(url, "index.json"), "LitData index", "run data optimize again")
+        fingerprint = {str(c["filename"]): {"md5": file_md5(os.path.join(url, str(c["filename"])))} for c in index.get("chunks", [])}
     chunk_sizes = [int(c["chunk_size"]) for c in index.get("chunks", [])]
     if sum(chunk_sizes) != len(kept):
         raise StreamError(f"{url}: LitData wrote {sum(chunk_sizes)} of {len(kept)} images; run data optimize again to rewrite the split")
-    chunks = [{"filename": str(c["filename"]), "chunk_bytes": int(c["chunk_bytes"])} for c in index.get("chunks", [])]
+    chunks = [
+        {"filename": str(c["filename"]), "chunk_bytes": int(c["chunk_bytes"]), **fingerprint.get(str(c["filename"]), {})}
+        for c in index.get("chunks", [])
+    ]
     problem = missing_chunks(url, chunks)  # LitData reports success when a worker's uploads failed: look
     if problem is not None:
         raise StreamError(
@@ -310,6 +327,7 @@ def _write_split(
         "labelled": bool(getattr(base, "labelled", True)),
         "targets": [int(base.targets[i]) for i in kept],
         "keys": [keys[i] for i in kept],
+        "paths": [str(files[i]) for i in kept] if (files := getattr(base, "files", None)) is not None else [],
         "source_index": kept,
         "chunk_sizes": chunk_sizes,
         "chunks": chunks,
@@ -327,11 +345,10 @@ def _write_local(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]
     if workers <= 1:
         _write_here(encoder, work, folder, chunk_bytes)
         return
-    with tempfile.TemporaryDirectory(prefix="cloc-litdata-") as private:
-        # LitData's writers stage in /tmp/chunks by default and every optimize run empties it: one run's folders of its own
-        saved = {k: os.environ.get(k) for k in _LITDATA_FOLDERS}
-        os.environ.update({k: os.path.join(private, k.lower()) for k in _LITDATA_FOLDERS})
-        try:
+    # LitData's writers stage in /tmp/chunks by default and every optimize run empties it: one run's folders of its own
+    private = tempfile.mkdtemp(prefix="cloc-litdata-")
+    try:
+        with mock.patch.dict(os.environ, {k: os.path.join(private, k.lower()) for k in _LITDATA_FOLDERS}):
             litdata.optimize(
                 fn=encoder,
                 inputs=work,
@@ -342,12 +359,8 @@ def _write_local(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]
                 keep_data_ordered=True,
                 start_method="spawn",
             )
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 #: LitData's staging folders (environment variables its writer processes read)

@@ -9,6 +9,7 @@ classes, the evaluation size, the training layout) and returns one
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from cloc_lightning.data.streaming import (
     ChunkSplit,
     DistributedChunkShuffleSampler,
     StreamError,
+    changed_chunks,
     is_remote,
     join_url,
     missing_chunks,
@@ -31,7 +33,48 @@ from cloc_lightning.data.streaming import (
 )
 from cloc_lightning.resume import DistributedEpochShuffleSampler, EpochShuffleSampler
 
-__all__ = ["StreamMixin", "default_chunk_cache"]
+__all__ = ["StreamMixin", "default_chunk_cache", "LOADER_SETTINGS"]
+
+#: the data-module attributes that say how data is loaded and augmented, not what it is (free to differ from the chunks')
+LOADER_SETTINGS = frozenset(
+    {
+        "batch_size",
+        "eval_batch_size",
+        "num_workers",
+        "pin_memory",
+        "image_size",
+        "augment",
+        "rrc_scale",
+        "train_views",
+        "mean",
+        "std",
+        "few_shot",
+        "train_fraction",
+        "class_fraction",
+        "drop_last",
+        "seed",
+        "bad_files",
+        "predict_root",
+        "cache",
+        "cache_dir",
+        "cache_size",
+        "augment_on",
+        "stream_from",
+        "stream_cache_dir",
+        "stream_cache_limit",
+        "stream_cache_bytes",
+        "class_names",
+        "store_records",
+        "train_set",
+        "val_set",
+        "test_set",
+        "predict_set",
+        "prepare_data_per_node",
+        "allow_zero_length_dataloader_with_multiple_devices",
+        "trainer",
+        "task",
+    }
+)
 
 _BUILD = "build it with `cloc-lightning data optimize --config <this config> --out {url}`"
 _REWRITE = "write the damaged split again: `cloc-lightning data optimize --config <this config> --out {url}` (complete splits are kept)"
@@ -61,6 +104,38 @@ class StreamMixin:
         def train_view_specs(self) -> list[Any]: ...
         @property
         def train_seed(self) -> int: ...
+
+    def data_settings(self) -> dict[str, Any]:
+        """What defines this data module's data, as JSON values: the attributes it keeps of its own arguments.
+
+        The plain values (numbers, strings, lists, dicts) in the module's ``__dict__``, except private ones and
+        :data:`LOADER_SETTINGS` (how the data is loaded and augmented, which a chunk set does not fix): for the
+        built-in modules the root or CSV and their split settings, the classes or bins, the synthetic sizes and seed.
+        ``data optimize`` records them; ``stream_from`` refuses chunks written with other values.
+        """
+        found: dict[str, Any] = {}
+        for name, value in vars(self).items():
+            if name.startswith("_") or name in LOADER_SETTINGS:
+                continue
+            try:
+                found[name] = json.loads(json.dumps(value))
+            except (TypeError, ValueError):
+                continue  # objects (datasets, transforms, the trainer): not a setting
+        return found
+
+    def _check_settings(self, record: dict[str, Any]) -> None:
+        """Refuse a chunk set written with other data settings (another root, other sizes, classes or seed)."""
+        written = record.get("data_settings")
+        if not isinstance(written, dict):
+            return
+        mine = self.data_settings()
+        differ = [k for k in sorted(set(written) | set(mine)) if written.get(k, "(unset)") != mine.get(k, "(unset)")]
+        if differ:
+            shown = "; ".join(f"{k}: written {written.get(k, '(unset)')!r}, this config {mine.get(k, '(unset)')!r}" for k in differ[:5])
+            raise StreamError(
+                f"data.stream_from {self.stream_from} holds other data than this config describes ({shown}); set data.<setting> "
+                f"as written, or point data.stream_from at chunks written with this config ({_BUILD.format(url='<a new folder>')})"
+            )
 
     def _stream_record(self) -> dict[str, Any]:
         assert self.stream_from is not None
@@ -95,6 +170,7 @@ class StreamMixin:
                 f"data.image_size={self.image_size}; set data.image_size: {record.get('image_size')}, or write chunks at this size "
                 f"({_BUILD.format(url='<a new folder>')})"
             )
+        self._check_settings(record)
         self.class_names = [str(c) for c in record.get("class_names", [])]
         sets: dict[str, ChunkSplit] = {}
         cache = None if not is_remote(url) else (self.stream_cache_dir or default_chunk_cache())
@@ -105,6 +181,13 @@ class StreamMixin:
                 )
             meta = read_json(join_url(url, split, SPLIT_FILE), f"{split} split record ({SPLIT_FILE})", _BUILD.format(url=url))
             problem = missing_chunks(join_url(url, split), meta.get("chunks", []))
+            if problem is None and is_remote(url):  # an object replaced in the bucket (its ETag), for free with the listing
+                changed = changed_chunks(join_url(url, split), meta.get("chunks", []))
+                problem = (
+                    f"{len(changed)} chunk objects were replaced since data optimize wrote them ({', '.join(changed[:3])})"
+                    if changed
+                    else None
+                )
             if problem is not None:  # nothing trains on part of the data without saying so
                 raise StreamError(f"data.stream_from {join_url(url, split)}: {problem}; {_REWRITE.format(url=url)}")
             sets[split] = ChunkSplit(join_url(url, split), meta, cache_dir=cache, cache_limit=self.stream_cache_bytes)

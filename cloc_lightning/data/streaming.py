@@ -61,6 +61,9 @@ __all__ = [
     "require_litdata",
     "decode_item",
     "missing_chunks",
+    "changed_chunks",
+    "s3_etags",
+    "file_md5",
 ]
 
 #: the chunk set's record of what it was built from (at the top of ``--out``)
@@ -247,20 +250,59 @@ def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
-def _s3_sizes(url: str) -> dict[str, int]:
-    """``{file name: bytes}`` of the objects directly under the ``s3://`` prefix ``url`` (paginated LIST requests)."""
+def _s3_objects(url: str) -> dict[str, dict[str, Any]]:
+    """``{file name: LIST entry}`` of the objects directly under the ``s3://`` prefix ``url`` (paginated LIST requests)."""
     import boto3
 
     parsed = urlparse(url)
     prefix = parsed.path.strip("/")
     prefix = prefix + "/" if prefix else ""  # s3://bucket: the bucket's top level
-    sizes: dict[str, int] = {}
+    found: dict[str, dict[str, Any]] = {}
     for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=parsed.netloc, Prefix=prefix):
         for obj in page.get("Contents", []):
             name = str(obj["Key"])[len(prefix) :]
             if "/" not in name:
-                sizes[name] = int(obj["Size"])
-    return sizes
+                found[name] = obj
+    return found
+
+
+def _s3_sizes(url: str) -> dict[str, int]:
+    """``{file name: bytes}`` of the objects directly under the ``s3://`` prefix ``url``."""
+    return {name: int(obj["Size"]) for name, obj in _s3_objects(url).items()}
+
+
+def s3_etags(url: str) -> dict[str, str]:
+    """``{file name: ETag}`` of the objects directly under the ``s3://`` prefix ``url`` (what ``data optimize`` records)."""
+    return {name: str(obj.get("ETag", "")) for name, obj in _s3_objects(url).items()}
+
+
+def file_md5(path: str | Path) -> str:
+    """The MD5 of a local file (a chunk's content fingerprint, recorded by ``data optimize``)."""
+    import hashlib
+
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def changed_chunks(url: str, chunks: list[dict[str, Any]]) -> list[str]:
+    """The chunk files whose content is not what ``data optimize`` wrote (same size, other bytes): the ETag of an
+    ``s3://`` object, or (``md5`` recorded) the MD5 of a local file; reads every local chunk once."""
+    if urlparse(url).scheme == "s3":
+        tags = s3_etags(url)
+        return [c["filename"] for c in chunks if c.get("etag") and tags.get(c["filename"], c["etag"]) != c["etag"]]
+    if is_remote(url):
+        return []
+    folder = os.path.expanduser(url)
+    return [
+        c["filename"]
+        for c in chunks
+        if c.get("md5")
+        and os.path.isfile(os.path.join(folder, c["filename"]))
+        and file_md5(os.path.join(folder, c["filename"])) != c["md5"]
+    ]
 
 
 def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
@@ -341,7 +383,8 @@ class ChunkSplit(LabelledDataset):
         self.meta = meta
         self.targets = [int(t) for t in meta["targets"]]
         self.labelled = bool(meta.get("labelled", True))
-        self.files = list(meta.get("keys") or [str(i) for i in range(len(self.targets))])
+        #: the original files (as data optimize read them), else their names: predictions and subsets name them
+        self.files = list(meta.get("paths") or meta.get("keys") or [str(i) for i in range(len(self.targets))])
         self.layout = StoreLayout(meta["layout"]["mode"], int(meta["layout"]["size"]))
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
@@ -446,6 +489,12 @@ class ChunkSplit(LabelledDataset):
                 total -= size
 
     def describe(self, index: int) -> str:
+        """The original file of sample ``index`` (what a prediction row names), else its name and place in the chunks."""
+        if self.meta.get("paths"):
+            return str(self.files[index])
+        return self._where(index)
+
+    def _where(self, index: int) -> str:
         return f"{self.url} sample {index} ({self.files[index]})"
 
     def store_identity(self) -> str | None:
@@ -471,12 +520,12 @@ class ChunkSplit(LabelledDataset):
         except Exception as e:  # noqa: BLE001 - a truncated or damaged chunk, a chunk deleted from the bucket, a lost connection
             problem = _s3_problem(self.url, e) if is_remote(self.url) else None
             fix = problem or f"{type(e).__name__}: {_first_line(e)}); {_REBUILD}"
-            raise StreamError(f"{self.describe(index)}: cannot read its chunk ({fix}" + (")" if problem else "")) from None
+            raise StreamError(f"{self._where(index)}: cannot read its chunk ({fix}" + (")" if problem else "")) from None
         if is_remote(self.url):
             self._evict(int(index))
         if int(item.get("index", -1)) != int(index):
             raise StreamError(
-                f"{self.describe(index)}: the chunk holds sample {item.get('index')} in its place; the chunks and {SPLIT_FILE} "
+                f"{self._where(index)}: the chunk holds sample {item.get('index')} in its place; the chunks and {SPLIT_FILE} "
                 f"come from different runs of data optimize; {_REBUILD}"
             )
         return item
@@ -487,7 +536,7 @@ class ChunkSplit(LabelledDataset):
             return decode_item(item)
         except Exception as e:  # noqa: BLE001 - whatever the decoder raises, the message names the sample and the fix
             raise StreamError(
-                f"{self.describe(index)}: its image does not decode ({type(e).__name__}: {_first_line(e)}); {_REBUILD}"
+                f"{self._where(index)}: its image does not decode ({type(e).__name__}: {_first_line(e)}); {_REBUILD}"
             ) from None
 
     def stored(self, index: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:

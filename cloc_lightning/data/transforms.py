@@ -18,6 +18,7 @@ import torch
 from torchvision.transforms import v2
 
 from cloc_lightning.data.device_augment import ViewSpec
+from cloc_lightning.data.errors import config_errors
 from cloc_lightning.validation import check_choice, check_float, check_int
 
 __all__ = [
@@ -363,3 +364,9 @@ class MultiCropViews(ViewTransform):
         )
         loc = ViewSpec(l_size, "rrc", scale=self.local_scale, blur_kernel=l_kernel, **common)
         return [g] * self.num_global_views + [loc] * self.num_local_views
+
+
+def check_rrc_scale(value: Any) -> tuple[float, float]:
+    """``value`` as a ``(min, max)`` crop-area pair with ``0 < min <= max <= 1``, else a :class:`DataConfigError`."""
+    with config_errors():
+        return check_crop_scale("rrc_scale", value)

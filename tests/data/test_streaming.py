@@ -285,3 +285,41 @@ def test_a_shipped_config_trains_from_a_local_chunk_folder_through_the_cli(tmp_p
     assert "test/" in fit.stdout + fit.stderr  # test_after_fit ran on the streamed test split
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["epoch"] == 1 and ckpt["global_step"] == 2 * (256 // 64)
+
+
+@pytest.mark.parametrize("change", [dict(num_classes=5), dict(train_size=120), dict(data_seed=4), dict(noise=10.0)])
+def test_chunks_of_other_data_settings_are_refused(chunk_sets: dict[str, Path], change: dict[str, Any]) -> None:
+    """The data module's own settings (here the synthetic classes, sizes, seed, noise) must be those the chunks were written with."""
+    with pytest.raises(StreamError, match="holds other data than this config describes") as caught:
+        _shapes(stream_from=str(chunk_sets["raw"]), **change).setup("fit")
+    assert next(iter(change)) in str(caught.value).replace("n_classes", "num_classes").replace("sizes", "train_size")
+
+
+def test_predictions_name_the_original_files_and_a_damaged_chunk_is_rewritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
+    from cloc_lightning.data import ImageFolderDataModule
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            folder = tmp_path / "imgs" / split / c
+            folder.mkdir(parents=True)
+            for i in range(6):
+                Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
+    kwargs: dict[str, Any] = dict(root=str(tmp_path / "imgs"), image_size=16, batch_size=4, num_workers=0, val_fraction=0.25)
+    out = tmp_path / "chunks"
+    optimize_data(ImageFolderDataModule(**kwargs), str(out), image_format="png", workers=1, chunk_bytes="2KB")
+    test = ImageFolderDataModule(**kwargs, stream_from=str(out))._ensure_base()["test"]
+    names = [test.describe(i) for i in range(len(test))]
+    assert names == [str(tmp_path / "imgs" / "test" / c / f"{i:03d}.png") for c in ("a", "b") for i in range(6)]
+    # a chunk overwritten in place with other bytes of the same size: a rerun writes the split again
+    chunk = sorted((out / "test").glob("chunk-*.bin"))[0]
+    data = bytearray(chunk.read_bytes())
+    data[-40:] = bytes(40)
+    chunk.write_bytes(bytes(data))
+    capsys.readouterr()
+    optimize_data(ImageFolderDataModule(**kwargs), str(out), image_format="png", workers=1, chunk_bytes="2KB")
+    said = capsys.readouterr().out
+    assert "train: kept" in said and "test: kept" not in said and "test: 12 images" in said
+    assert bytes(data) != chunk.read_bytes()
