@@ -202,9 +202,16 @@ class StreamMixin:
             )
         # LitData bounds each split's reader on its own: the limit is shared out in proportion to the splits' bytes
         total = sum(int(d.meta.get("bytes") or 0) for d in sets.values()) or 1
-        for d in sets.values():
+        for split, d in sets.items():
             d.cache_limit = max(1, self.stream_cache_bytes * int(d.meta.get("bytes") or 0) // total)
             d.open()
+            largest = max((int(c.get("chunk_bytes", 0)) for c in d.meta.get("chunks") or []), default=0)
+            if cache and d.cache_limit < 2 * largest:
+                rank_zero_warn(
+                    f"data.stream_cache_limit={self.stream_cache_limit} leaves the {split} split {d.cache_limit:,} bytes of cache, "
+                    f"less than two of its chunks ({largest:,} bytes each): chunks are evicted while loader workers read them "
+                    "and downloaded again; raise data.stream_cache_limit"
+                )
         self._check_train_layout(sets["train"], record)
         where = f"cache {cache}, at most {self.stream_cache_bytes / 1e9:.1f} GB" if cache else "local"
         rank_zero_info(
