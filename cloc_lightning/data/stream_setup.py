@@ -92,6 +92,7 @@ class StreamMixin:
     stream_from: str | None
     stream_cache_dir: str | None
     stream_cache_bytes: int
+    stream_cache_limit: str
     image_size: int
     class_names: list[str]
     store_records: list[dict[str, Any]]
