@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from benchmarks import bench_sigmoid
-from benchmarks.bench_sigmoid import _busy, _busy_jiffies, _OtherCPU
+from benchmarks.bench_sigmoid import _busy, _OtherCPU
+from benchmarks.harness import busy_jiffies
 
 
 def test_a_section_is_busy_when_other_processes_use_a_quarter_core() -> None:
@@ -24,7 +25,7 @@ def test_a_section_is_busy_when_other_processes_use_a_quarter_core() -> None:
 def test_other_cpu_is_the_machine_busy_time_less_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     tick = os.sysconf("SC_CLK_TCK")
     clock = {"wall": 10.0, "own": 1.0, "jiffies": 1000}
-    monkeypatch.setattr(bench_sigmoid, "_busy_jiffies", lambda: clock["jiffies"])
+    monkeypatch.setattr(bench_sigmoid, "busy_jiffies", lambda: clock["jiffies"])
     monkeypatch.setattr(bench_sigmoid.time, "perf_counter", lambda: clock["wall"])
     monkeypatch.setattr(bench_sigmoid.os, "times", lambda: (clock["own"], 0.0, 0.0, 0.0, 0.0))
     meter = _OtherCPU()
@@ -36,7 +37,7 @@ def test_other_cpu_is_the_machine_busy_time_less_this_process(monkeypatch: pytes
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
 def test_busy_jiffies_reads_proc_stat() -> None:
-    first: Any = _busy_jiffies()
+    first: Any = busy_jiffies()
     assert isinstance(first, int) and first > 0
 
 
