@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from cloc_lightning._logging import print_line
 from cloc_lightning.data.cache import StoreLayout, native_sizes, store_image, store_key
 from cloc_lightning.data.datasets import ImageFileDataset, LabelledDataset
 from cloc_lightning.data.errors import DataConfigError
@@ -148,7 +149,7 @@ def _kept(base: LabelledDataset, split: str, bad_files: str) -> list[int]:
         return list(range(len(base)))
     bad = set(base.unreadable())
     if bad:
-        print(f"data optimize: bad_files: skip: {len(bad)} unreadable image(s) of the {split} split are not written", flush=True)
+        print_line(None, f"data optimize: bad_files: skip: {len(bad)} unreadable image(s) of the {split} split are not written")
     return [i for i in range(len(base)) if i not in bad]
 
 
@@ -282,14 +283,14 @@ def _write_split(
         and not missing_chunks(url, previous.get("chunks", []))
         and not changed_chunks(url, previous.get("chunks", []))
     ):
-        print(f"data optimize: {split}: kept ({previous.get('n')} images, complete, built from the same data)", flush=True)
+        print_line(None, f"data optimize: {split}: kept ({previous.get('n')} images, complete, built from the same data)")
         summary["n"], summary["bytes"] = previous.get("n"), previous.get("bytes")
         return summary
     kept = _kept(base, split, datamodule.bad_files)
     if split == "train":  # chunks are random samples of the classes (a fixed order: the same for every seed)
         keys = _keys(base)
         kept = sorted(kept, key=lambda i: hash_fraction(keys[i], "chunks"))
-    print(f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}", flush=True)
+    print_line(None, f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}")
     encoder = ChunkEncoder(base, layout, image_format, quality)
     work = [(p, s) for p, s in enumerate(kept)]
     if workers is None:  # spawned writers start in seconds each: worth it for large splits only (benchmarks/results/streaming.md)
@@ -375,7 +376,7 @@ def _upload(stage: str, url: str) -> None:
 
     files = sorted(p for p in Path(stage).iterdir() if p.is_file())
     size = sum(p.stat().st_size for p in files)
-    print(f"data optimize: uploading {len(files)} files ({size / 1e6:.1f} MB) to {url}", flush=True)
+    print_line(None, f"data optimize: uploading {len(files)} files ({size / 1e6:.1f} MB) to {url}")
     provider = _get_fs_provider(url)
     chunks = [p for p in files if p.name != "index.json"]
     try:

@@ -118,6 +118,8 @@ class StreamMixin:
         for name, value in vars(self).items():
             if name.startswith("_") or name in LOADER_SETTINGS:
                 continue
+            if isinstance(value, str) and name.endswith(("root", "csv", "path", "dir")) and not is_remote(value):
+                value = os.path.abspath(os.path.expanduser(value))  # a relative and an absolute path to one folder agree
             try:
                 found[name] = json.loads(json.dumps(value))
             except (TypeError, ValueError):

@@ -385,6 +385,7 @@ def test_a_bad_stream_cache_limit_is_one_line(aws: Callable[[str], dict[str, str
     _no_checkpoints(tmp_path)
 
 
+@pytest.mark.slow
 def test_two_loader_workers_open_a_split_while_its_index_downloads(
     aws: Callable[[str], dict[str, str]], s3_chunks: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -397,7 +398,15 @@ def test_two_loader_workers_open_a_split_while_its_index_downloads(
     from cloc_lightning.data.streaming import ChunkSplit
 
     aws("admin")
-    data = OrdinalShapesDataModule(num_classes=6, image_size=32, stream_from=s3_chunks, stream_cache_dir=str(tmp_path / "cache"))
+    data = OrdinalShapesDataModule(
+        num_classes=6,
+        image_size=32,
+        train_size=64,
+        val_size=32,
+        test_size=32,
+        stream_from=s3_chunks,
+        stream_cache_dir=str(tmp_path / "cache"),
+    )
     train = data._ensure_base()["train"]
     assert isinstance(train, ChunkSplit)
     plain = client.S3Client.client
@@ -674,6 +683,8 @@ def test_simclr_cifar10_cpu_trains_from_the_bucket(s3: S3Server, tmp_path: Path)
             "fit",
             "--config",
             config,
+            "--data.root",  # the config's own data (the files are not read: the chunks' record must name them)
+            str(CIFAR10),
             "--data.stream_from",
             url,
             "--data.stream_cache_dir",
