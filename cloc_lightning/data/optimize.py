@@ -207,24 +207,25 @@ def optimize_data(
         "quality": int(quality) if image_format in ("jpeg", "webp") else None,
         "splits": {},
     }
+    for split in splits:
+        if split not in base:
+            raise DataConfigError(f"--splits {split!r}: {name} has the splits {sorted(base)}")
+    # each split's layout (reads the originals' sizes) and identity (the files' identity), once
+    plans = {split: _identity(datamodule, base[split], split, image_format, int(quality)) for split in splits}
     if previous is not None and not overwrite:
-        for split in splits:
-            old = (previous.get("splits") or {}).get(split, {}).get("identity")
-            if old is not None and split in base and old != _identity(datamodule, base[split], split, image_format, int(quality)):
-                was = (previous.get("splits") or {}).get(split, {})
+        for split, (_, identity) in plans.items():
+            was = (previous.get("splits") or {}).get(split, {})
+            if was.get("identity") is not None and was["identity"] != identity:
                 raise StreamError(
                     f"{out} holds a {split} split written from other data, layout or format ({previous.get('source')}, "
-                    f"{was.get('layout')}, {previous.get('image_format')}, identity {old}) than this config's "
-                    f"({record['source']}, {image_format}, identity {_identity(datamodule, base[split], split, image_format, int(quality))}); "
-                    "give another --out, or --overwrite to replace them"
+                    f"{was.get('layout')}, {previous.get('image_format')}, identity {was['identity']}) than this config's "
+                    f"({record['source']}, {image_format}, identity {identity}); give another --out, or --overwrite to replace them"
                 )
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
-        for split in splits:
-            if split not in base:
-                raise DataConfigError(f"--splits {split!r}: {name} has the splits {sorted(base)}")
+        for split, (layout, identity) in plans.items():
             record["splits"][split] = _write_split(
-                litdata, datamodule, base[split], split, out, image_format, int(quality), workers, chunk_bytes, overwrite
+                litdata, datamodule, base[split], split, layout, identity, out, image_format, int(quality), workers, chunk_bytes, overwrite
             )
     finally:  # litdata.optimize switches the process to 'spawn'; give the caller its own start method back
         if start_method is not None and multiprocessing.get_start_method(allow_none=True) != start_method:
@@ -250,11 +251,11 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _identity(datamodule: Any, base: LabelledDataset, split: str, image_format: str, quality: int) -> str:
-    """A split's identity: the ``data.cache: disk`` key of its files, labels and layout, and the format."""
+def _identity(datamodule: Any, base: LabelledDataset, split: str, image_format: str, quality: int) -> tuple[StoreLayout, str]:
+    """A split's layout and identity: the ``data.cache: disk`` key of its files, labels and layout, and the format."""
     layout = datamodule.store_layout(split, base)
     key = store_key(base, layout, f"the {split} split of {type(datamodule).__name__}")
-    return f"{key}/{image_format}/{quality if image_format in ('jpeg', 'webp') else '-'}"
+    return layout, f"{key}/{image_format}/{quality if image_format in ('jpeg', 'webp') else '-'}"
 
 
 def _write_split(
@@ -262,6 +263,8 @@ def _write_split(
     datamodule: Any,
     base: LabelledDataset,
     split: str,
+    layout: StoreLayout,
+    identity: str,
     out: str,
     image_format: str,
     quality: int,
@@ -270,12 +273,10 @@ def _write_split(
     overwrite: bool,
 ) -> dict[str, Any]:
     """Write one split (or keep it, when a complete copy built from the same data is there); its summary."""
-    layout = datamodule.store_layout(split, base)
-    identity = _identity(datamodule, base, split, image_format, quality)
     url = join_url(out, split)
     meta_url = join_url(url, SPLIT_FILE)
     previous = _existing(meta_url, SPLIT_FILE)
-    summary = {"n": None, "identity": identity, "layout": layout.describe()}
+    summary: dict[str, Any] = {"n": None, "identity": identity, "layout": layout.describe()}
     if (
         previous is not None
         and previous.get("identity") == identity

@@ -17,6 +17,7 @@ from cloc_lightning.data.cache import OnTheFlyStore, StoreLayout, build_store, f
 from cloc_lightning.data.datasets import LabelledDataset, StoredSubset, TransformedSubset
 from cloc_lightning.data.errors import DataConfigError
 from cloc_lightning.data.stores import StoreGroup
+from cloc_lightning.data.streaming import ChunkSplit
 
 __all__ = ["StoreMixin", "READS"]
 
@@ -103,7 +104,7 @@ class StoreMixin:
 
         ``decode=False``: never decoded ahead (the training split of a validate/test/predict run).
         """
-        if (self.cache == "none" and self.augment_on == "loader") or (callable(getattr(base, "stored", None)) and split != "train_eval"):
+        if (self.cache == "none" and self.augment_on == "loader") or (isinstance(base, ChunkSplit) and split != "train_eval"):
             return base  # a chunk split (data.stream_from) is stored already
         # the training split's evaluation copy may be asked for by one process alone (a probe): no collective then
         group = StoreGroup() if split == "train_eval" else StoreGroup.of_trainer(getattr(self, "trainer", None))

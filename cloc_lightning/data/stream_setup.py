@@ -25,7 +25,6 @@ from cloc_lightning.data.streaming import (
     ChunkSplit,
     DistributedChunkShuffleSampler,
     StreamError,
-    changed_chunks,
     is_remote,
     join_url,
     missing_chunks,
@@ -184,13 +183,6 @@ class StreamMixin:
                 )
             meta = read_json(join_url(url, split, SPLIT_FILE), f"{split} split record ({SPLIT_FILE})", _BUILD.format(url=url))
             problem = missing_chunks(join_url(url, split), meta.get("chunks", []))
-            if problem is None and is_remote(url):  # an object replaced in the bucket (its ETag), for free with the listing
-                changed = changed_chunks(join_url(url, split), meta.get("chunks", []))
-                problem = (
-                    f"{len(changed)} chunk objects were replaced since data optimize wrote them ({', '.join(changed[:3])})"
-                    if changed
-                    else None
-                )
             if problem is not None:  # nothing trains on part of the data without saying so
                 raise StreamError(f"data.stream_from {join_url(url, split)}: {problem}; {_REWRITE.format(url=url)}")
             sets[split] = ChunkSplit(join_url(url, split), meta, cache_dir=cache, cache_limit=self.stream_cache_bytes)

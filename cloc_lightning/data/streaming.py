@@ -266,11 +266,6 @@ def _s3_objects(url: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _s3_sizes(url: str) -> dict[str, int]:
-    """``{file name: bytes}`` of the objects directly under the ``s3://`` prefix ``url``."""
-    return {name: int(obj["Size"]) for name, obj in _s3_objects(url).items()}
-
-
 def s3_etags(url: str) -> dict[str, str]:
     """``{file name: ETag}`` of the objects directly under the ``s3://`` prefix ``url`` (what ``data optimize`` records)."""
     return {name: str(obj.get("ETag", "")) for name, obj in _s3_objects(url).items()}
@@ -288,11 +283,10 @@ def file_md5(path: str | Path) -> str:
 
 
 def changed_chunks(url: str, chunks: list[dict[str, Any]]) -> list[str]:
-    """The chunk files whose content is not what ``data optimize`` wrote (same size, other bytes): the ETag of an
-    ``s3://`` object, or (``md5`` recorded) the MD5 of a local file; reads every local chunk once."""
-    if urlparse(url).scheme == "s3":
-        tags = s3_etags(url)
-        return [c["filename"] for c in chunks if c.get("etag") and tags.get(c["filename"], c["etag"]) != c["etag"]]
+    """The local chunk files whose content is not what ``data optimize`` wrote (same size, other bytes: their MD5).
+
+    Reads every chunk once; object storage is checked by :func:`missing_chunks` (the ETags of its listing).
+    """
     if is_remote(url):
         return []
     folder = os.path.expanduser(url)
@@ -317,11 +311,14 @@ def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
     """
     if not chunks:
         return f"its {SPLIT_FILE} lists no chunk files (written by an older or interrupted run)"
+    tags: dict[str, str] = {}
     try:
         if not is_remote(url):
             sizes = {e.name: e.stat().st_size for e in os.scandir(os.path.expanduser(url)) if e.is_file()}
         elif urlparse(url).scheme == "s3":
-            sizes = _s3_sizes(url)
+            listed = _s3_objects(url)
+            sizes = {name: int(obj["Size"]) for name, obj in listed.items()}
+            tags = {name: str(obj.get("ETag", "")) for name, obj in listed.items()}
         else:
             from litdata.streaming.fs_provider import _get_fs_provider
 
@@ -338,7 +335,9 @@ def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
         return f"its chunks cannot be listed ({problem or f'{type(e).__name__}: {_first_line(e)}'})"
     gone = [c["filename"] for c in chunks if c["filename"] not in sizes]
     short = [c for c in chunks if c["filename"] in sizes and sizes[c["filename"]] != int(c["chunk_bytes"])]
-    if not gone and not short:
+    # an object replaced in the bucket since data optimize wrote it (its ETag), for free with the listing
+    replaced = [c["filename"] for c in chunks if c.get("etag") and c["filename"] in tags and tags[c["filename"]] != c["etag"]]
+    if not gone and not short and not replaced:
         return None
     parts = []
     if gone:
@@ -349,6 +348,8 @@ def missing_chunks(url: str, chunks: list[dict[str, Any]]) -> str | None:
             f"{len(short)} of {len(chunks)} chunk files have another size than LitData wrote, i.e. truncated or replaced "
             f"({named}{' ...' if len(short) > 3 else ''})"
         )
+    if replaced:
+        parts.append(f"{len(replaced)} chunk objects were replaced since data optimize wrote them ({', '.join(replaced[:3])})")
     return "; ".join(parts)
 
 
