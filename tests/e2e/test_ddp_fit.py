@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -43,12 +44,13 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from torch.multiprocessing.spawn import ProcessExitedException
 
 from cloc_lightning import distributed as dist_utils
 from cloc_lightning.data import OrdinalShapesDataModule, SupConViews
 from cloc_lightning.methods import CEModule, CLOCModule, LinearProbeModule, SupConModule
 from cloc_lightning.nn.backbones import create_backbone
-from tests._ddp import run_distributed
+from tests._ddp import gloo_exit_abort, run_distributed
 from tests.conftest import TINY_BACKBONE, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp]
@@ -362,15 +364,27 @@ SPAWN_ALL = os.environ.get("CLOC_DDP_SPAWN_ALL", "1") != "0"
         for n in METHODS
     ],
 )
-def test_ddp_spawn_fit(tmp_path: Path, name: str) -> None:
+def test_ddp_spawn_fit(tmp_path: Path, name: str, capfd: pytest.CaptureFixture[str]) -> None:
     if not _available(name):
         pytest.skip(f"{name} is not available (optional dependency or module missing)")
-    prepare(tmp_path)
-    model, dm = build(name, tmp_path)
-    initial = pickle.loads(pickle.dumps(model))
-    out = tmp_path / "ranks"
-    out.mkdir()
-    trainer("ddp_spawn", tmp_path, out).fit(model, datamodule=dm)
+    for attempt in (1, 2):
+        work = tmp_path / f"attempt{attempt}"
+        work.mkdir()
+        prepare(work)
+        model, dm = build(name, work)
+        initial = pickle.loads(pickle.dumps(model))
+        out = work / "ranks"
+        out.mkdir()
+        try:
+            trainer("ddp_spawn", work, out).fit(model, datamodule=dm)
+            break
+        except ProcessExitedException as e:
+            # gloo's known abort while a spawned rank's interpreter exits, after the fit (see tests/e2e/test_e2e.py::
+            # test_ddp): that exact abort, and only once, gets a fresh attempt. The ranks' stderr is captured at fd level.
+            err = capfd.readouterr().err
+            sys.stderr.write(err)
+            if attempt == 2 or not gloo_exit_abort(err, e.signal_name == "SIGABRT"):
+                raise
     ranks = load_ranks(out)
     check_method(name, ranks, initial)
     # ddp_spawn hands rank 0's weights back to the calling process

@@ -42,6 +42,7 @@ import torch
 import yaml
 
 from tests._config_chain import FED_BY
+from tests._ddp import gloo_exit_abort
 from tests.conftest import CIFAR10, REPO, UTKFACE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -499,10 +500,7 @@ def test_ddp(method: str, strategy: str, tmp_path: Path, torchvision_files: Path
         # Only that exact abort gets one fresh attempt; any other failure, or the abort twice,
         # fails the test.
         msg = str(e)
-        teardown_abort = "terminate called without an active exception" in msg and (
-            "terminated with signal SIGABRT" in msg or "failed (-6)" in msg
-        )
-        if not teardown_abort:
+        if not gloo_exit_abort(msg, "terminated with signal SIGABRT" in msg or "failed (-6)" in msg):
             raise
         shutil.rmtree(tmp_path)
         tmp_path.mkdir()
