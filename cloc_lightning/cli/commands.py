@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 from torch import nn
 
 import cloc_lightning.data  # noqa: F401  (registers the data modules for --data)
@@ -34,7 +34,20 @@ from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint
 
-__all__ = ["COMMANDS", "probe_main", "export_prototypes_main"]
+__all__ = ["COMMANDS", "probe_main", "export_prototypes_main", "data_main", "parse_command_args"]
+
+
+def parse_command_args(parser: ArgumentParser, argv: list[str] | None) -> Any:
+    """``parser.parse_args(argv)`` for a command's jsonargparse parser (built with ``exit_on_error=False``).
+
+    A parse error is raised, not printed with jsonargparse's usage: it carries the parser as ``cloc_parser`` and
+    :func:`cloc_lightning.cli.main` prints it as one line naming the key and the fix, as for ``fit``.
+    """
+    try:
+        return parser.parse_args(argv)
+    except ArgumentError as e:
+        e.cloc_parser = parser  # type: ignore[attr-defined]
+        raise
 
 
 # ---------------------------------------------------------------- probe
@@ -53,6 +66,7 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
         description="Fit scikit-learn LogisticRegression on frozen encoder features of a checkpoint; print top-1/top-5.",
         env_prefix="CLOC_PROBE",
         default_env=False,
+        exit_on_error=False,
     )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
@@ -87,7 +101,7 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--split", type=ProbeSplit, default="test", help="the split scored: test or val")
     parser.add_argument("--device", type=str, default="cpu")
     parser.add_argument("--output", type=str | None, default=None, help="also write the result as JSON here")
-    cfg = parser.parse_args(argv)
+    cfg = parse_command_args(parser, argv)
     init = parser.instantiate_classes(cfg)
     result = probe_checkpoint(
         cfg.ckpt,
@@ -215,6 +229,7 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
         formatter_class=CLOCHelpFormatter,
         description="Write every split of a config's data module as LitData chunks (local folder or s3:// URL) for data.stream_from.",
         default_env=False,
+        exit_on_error=False,
     )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module whose splits are written")
@@ -232,7 +247,7 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--overwrite", type=bool, default=False, help="replace chunks built from other data at --out")
     for key in sorted(_fit_config_keys(argv[1:])):  # a fit config's other sections (model, trainer, test_after_fit, ...)
         parser.add_argument(f"--{key}", type=Any, default=None, help=argparse.SUPPRESS)
-    cfg = parser.parse_args(argv[1:])
+    cfg = parse_command_args(parser, argv[1:])
     init = parser.instantiate_classes(cfg)
     record = optimize_data(
         init.data,

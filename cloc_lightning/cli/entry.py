@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import cloc_lightning.data  # registers the data modules
@@ -13,7 +14,13 @@ from cloc_lightning._logging import debug_requested, exit_with_error
 from cloc_lightning.callbacks.preemption import SIGTERM_EXIT_CODE
 from cloc_lightning.cli.commands import COMMANDS
 from cloc_lightning.cli.lightning_cli import _THREAD_CHANGES, TRAINER_DEFAULTS, CLOCLightningCLI
-from cloc_lightning.cli.parser import CLOCArgumentParser, _check_no_lightning_optimizer_keys, check_config_files
+from cloc_lightning.cli.parser import (
+    CLOCArgumentParser,
+    _check_no_lightning_optimizer_keys,
+    check_config_files,
+    exit_with_parse_error,
+    yaml_parse_error,
+)
 from cloc_lightning.configs import packaged_config_for
 from cloc_lightning.data.base import BaseDataModule
 from cloc_lightning.distributed import release_process_group
@@ -223,6 +230,17 @@ def main(args: list[str] | None = None) -> None:
             except BrokenPipeError:  # `cloc-lightning cache list | head`: the reader left; say nothing more
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise SystemExit(1) from None
+            except ArgumentError as e:  # a command's jsonargparse parser (parse_command_args): one line, as for fit
+                parser = getattr(e, "cloc_parser", None)
+                if parser is None:
+                    raise
+                if debug:
+                    found = yaml_parse_error(str(e), argv)
+                    print(f"{found}\n" if found else "", end="", file=sys.stderr)
+                    parser.print_usage(sys.stderr)
+                    print(f"error: {e}", file=sys.stderr, flush=True)
+                    raise SystemExit(2) from None
+                exit_with_parse_error(parser, str(e), argv)
             return
         check_config_files(argv)
         _check_no_lightning_optimizer_keys(argv)

@@ -32,6 +32,7 @@ __all__ = [
     "check_required_placeholders",
     "check_config_files",
     "short_parse_error",
+    "exit_with_parse_error",
     "yaml_parse_error",
 ]
 
@@ -372,7 +373,12 @@ def class_path_problem(key: str, class_path: str, inner: str) -> str | None:
 
 def _plain_type_error(text: str) -> str:
     m = re.match(r"Expected a <class '([^']+)'>\. Got value:\s*(\S*)", text.strip())
-    return f"expected {m.group(1)}, got {m.group(2)!r}" if m else text.strip()
+    if m:
+        return f"expected {m.group(1)}, got {m.group(2)!r}"
+    m = re.match(r"Expected a typing\.Literal\[(.*)\]\. Got value:\s*(\S*)", text.strip())
+    if m:  # a choice: the values accepted, as they are typed
+        return f"expected one of {', '.join(v.strip().strip(chr(39)) for v in m.group(1).split(','))}; got {m.group(2)!r}"
+    return text.strip()
 
 
 _LINKED_NUM_CLASSES = "linked: the data module's num_classes; a value given must equal it"
@@ -428,15 +434,23 @@ class CLOCArgumentParser(LightningArgumentParser):
             if found:
                 print(f"{found}", file=sys.stderr, flush=True)
             super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = str(getattr(parser, "prog", "cloc-lightning")).replace(" [options]", "")
-        short = short_parse_error(message, parser, argv)
-        print(
-            f"{prog}: error: {short}\n({prog} --help lists the options; --debug shows the parser's full message)",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise SystemExit(2)
+        exit_with_parse_error(getattr(ex, "subcommand_parser", None) or self, message, argv)
+
+
+def exit_with_parse_error(parser: Any, message: str, argv: list[str]) -> NoReturn:
+    """Print a jsonargparse parse error of ``parser`` as one ``<prog>: error:`` line (:func:`short_parse_error`) and exit 2.
+
+    Used by :class:`CLOCArgumentParser` and, for the jsonargparse parsers of the other sub-commands (``probe``,
+    ``data optimize``), by :func:`cloc_lightning.cli.main`.
+    """
+    prog = str(getattr(parser, "prog", "cloc-lightning")).replace(" [options]", "")
+    short = short_parse_error(message, parser, argv)
+    print(
+        f"{prog}: error: {short}\n({prog} --help lists the options; --debug shows the parser's full message)",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(2)
 
 
 # ---------------------------------------------------------------------------------------------- required settings

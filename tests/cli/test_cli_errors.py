@@ -48,6 +48,28 @@ def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> st
             ["fit", "--model", "CEModule", "--model.num_classes", "eight", *DATA],
             "error: --model.num_classes: expected int, got 'eight' (CEModule)",
         ),
+        (
+            ["fit", *MODEL, *DATA, "--data.augment_on", "gpu"],
+            "error: --data.augment_on: expected one of loader, device; got 'gpu' (OrdinalShapesDataModule)",
+        ),
+        # the other commands with jsonargparse parsers: the same one line (cli.commands.parse_command_args)
+        (["data", "optimize", "--config", "missing.yaml", "--out", "chunks"], "data optimize: error: --config: no such file: "),
+        (
+            ["data", "optimize", *DATA, "--out", "chunks", "--format", "gif"],
+            "data optimize: error: --format: expected one of jpeg, webp, png, raw; got 'gif'",
+        ),
+        (["data", "optimize", *DATA, "--outt", "chunks"], "data optimize: error: unknown option --outt; did you mean --out?"),
+        (["data", "optimize", "--out", "chunks"], "data optimize: error: the following arguments are required: data"),
+        (
+            ["data", "optimize", "--data", "OrdinalShapesDataModul", "--out", "chunks"],
+            "data optimize: error: --data OrdinalShapesDataModul: no class of that name; did you mean OrdinalShapesDataModule?",
+        ),
+        (["data", "optimize", "--config", "bad.yaml", "--out", "chunks"], "data optimize: error: bad.yaml:4:8: invalid YAML"),
+        (
+            ["probe", "--ckpt", "x.ckpt", *DATA, "--data.num_clases", "3"],
+            "probe: error: --data.num_clases: OrdinalShapesDataModule has no such argument; did you mean --data.num_classes",
+        ),
+        (["probe", "--ckpt", "x.ckpt", *DATA, "--split", "tran"], "probe: error: --split: expected one of test, val; got 'tran'"),
     ],
 )
 def test_parse_errors_are_one_line(
@@ -67,6 +89,14 @@ def test_debug_shows_the_parsers_full_message(capsys: pytest.CaptureFixture[str]
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "usage:" in err and "Option 'learning_rate' is not accepted" in err
+
+
+def test_debug_shows_a_commands_full_parse_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "optimize", *DATA, "--out", "chunks", "--format", "gif", "--debug"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: cloc-lightning data optimize" in err and "Expected a typing.Literal" in err and "Got value: gif" in err
 
 
 CLOC = ["--model", "CLOCModule", "--model.num_classes", "4", "--model.backbone", TINY_BACKBONE]
