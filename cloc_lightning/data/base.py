@@ -570,7 +570,7 @@ class BaseDataModule(DataSeedMixin, StoreMixin, StreamMixin, L.LightningDataModu
         if shard is None:
             return self._loader(ds, self.eval_batch_size, False, False)
         replicas, rank = shard
-        loader = exact_eval_loader(ds, self.eval_batch_size, replicas, rank, **self._worker_kwargs())
+        loader = exact_eval_loader(ds, self.eval_batch_size, replicas, rank, self._eval_order(ds), **self._worker_kwargs())
         if loader is not None:
             return loader
         n = len(ds)  # type: ignore[arg-type]

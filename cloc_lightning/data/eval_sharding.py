@@ -22,6 +22,11 @@ With the torchmetrics states summed over ranks at epoch end and the step losses 
 row-weighted means (:meth:`~cloc_lightning.methods.base.BaseModule.log_eval_mean`), the
 epoch metrics of a DDP validation or test equal those of one process.
 
+A set read chunk by chunk (``data.stream_from``) is shared by blocks instead: given an ``order`` of
+the positions (the stream's: by chunk), process ``r`` takes the ``r``-th contiguous part of it, so each
+process downloads and reads about ``1/W`` of the chunks rather than every chunk.  The shares have the
+same sizes as the strided ones and the summed metrics do not depend on which process held a sample.
+
 It cannot be done when a process would get no sample (fewer samples than processes) or
 when ``batch_size`` is 1 and the shares differ (one process would have one more step):
 :func:`exact_eval_loader` then returns ``None`` and the caller falls back to Lightning's
@@ -39,12 +44,13 @@ from torch.utils.data.dataloader import default_collate
 __all__ = ["ExactEvalBatches", "BatchedView", "exact_eval_batches", "exact_eval_loader"]
 
 
-def exact_eval_batches(n: int, batch_size: int, num_replicas: int, rank: int) -> list[list[int]] | None:
+def exact_eval_batches(n: int, batch_size: int, num_replicas: int, rank: int, order: Sequence[int] | None = None) -> list[list[int]] | None:
     """Index batches of process ``rank`` of ``num_replicas`` over a set of ``n`` samples, each sample once.
 
     Every process gets the same number of non-empty batches of at most ``batch_size``;
     ``None`` when that is impossible (``n < num_replicas``, or ``batch_size == 1`` with
-    ``n`` not a multiple of ``num_replicas``).
+    ``n`` not a multiple of ``num_replicas``).  Without ``order`` process ``r`` takes samples
+    ``r, r + W, ...``; with ``order`` (a permutation of ``0..n-1``) the ``r``-th contiguous part of it.
     """
     if not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
@@ -52,7 +58,14 @@ def exact_eval_batches(n: int, batch_size: int, num_replicas: int, rank: int) ->
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if n < num_replicas or (batch_size == 1 and n % num_replicas):  # decided alike on every process
         return None
-    share = list(range(rank, n, num_replicas))
+    if order is None:
+        share = list(range(rank, n, num_replicas))
+    else:
+        if sorted(order) != list(range(n)):
+            raise ValueError(f"order must be a permutation of the {n} positions, got {len(order)} values")
+        small, extra = divmod(n, num_replicas)  # the strided shares' sizes: the first `extra` one longer
+        start = rank * small + min(rank, extra)
+        share = [int(i) for i in order[start : start + small + (rank < extra)]]
     largest = -(-n // num_replicas)  # the first shares are one sample longer when n % num_replicas != 0
     n_batches = -(-largest // batch_size)
     batches = [share[i : i + batch_size] for i in range(0, len(share), batch_size)]
@@ -103,17 +116,19 @@ class BatchedView(Dataset):  # type: ignore[type-arg]
         return self.collate_fn([self.dataset[i] for i in indices])
 
 
-def exact_eval_loader(dataset: Any, batch_size: int, num_replicas: int, rank: int, **loader_kwargs: Any) -> DataLoader[Any] | None:
+def exact_eval_loader(
+    dataset: Any, batch_size: int, num_replicas: int, rank: int, order: Sequence[int] | None = None, **loader_kwargs: Any
+) -> DataLoader[Any] | None:
     """A loader of this process's share of ``dataset``, every sample once over all processes, or ``None``.
 
-    ``loader_kwargs`` are the ``DataLoader`` options other than batching (``num_workers``,
-    ``pin_memory``, ``persistent_workers``, ``generator``...).  ``None`` where
-    :func:`exact_eval_batches` says it cannot be done.
+    ``order``: shares by contiguous parts of it (see :func:`exact_eval_batches`).  ``loader_kwargs`` are
+    the ``DataLoader`` options other than batching (``num_workers``, ``pin_memory``,
+    ``persistent_workers``, ``generator``...).  ``None`` where :func:`exact_eval_batches` says it cannot be done.
     """
     for key in ("sampler", "batch_sampler", "shuffle", "drop_last"):
         if key in loader_kwargs:
             raise TypeError(f"exact_eval_loader sets {key!r} itself")
-    batches = exact_eval_batches(len(dataset), batch_size, num_replicas, rank)
+    batches = exact_eval_batches(len(dataset), batch_size, num_replicas, rank, order)
     if batches is None:
         return None
     sampler = ExactEvalBatches(dataset, batch_size, num_replicas, rank, batches=batches)

@@ -13,6 +13,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from cloc_lightning.data.cache import fit_store_size
@@ -25,6 +26,7 @@ from cloc_lightning.data.streaming import (
     ChunkSplit,
     DistributedChunkShuffleSampler,
     StreamError,
+    chunk_of_positions,
     is_remote,
     join_url,
     missing_chunks,
@@ -240,6 +242,16 @@ class StreamMixin:
                     f"{rule} px for this config's views, so the smallest crops are blurrier than from the original files; write the "
                     f"chunks with this config ({_BUILD.format(url='<a new folder>')})"
                 )
+
+    def _eval_order(self, ds: Any) -> list[int] | None:
+        """The positions of an evaluation set by chunk, for DDP shares by blocks of chunks (``None``: strided shares).
+
+        A set over a :class:`ChunkSplit` is shared in contiguous parts of this order
+        (:func:`~cloc_lightning.data.eval_sharding.exact_eval_batches`), so each process reads its own chunks.
+        """
+        if not isinstance(getattr(ds, "base", ds), ChunkSplit):
+            return None
+        return [int(i) for i in np.argsort(chunk_of_positions(ds), kind="stable")]
 
     def _train_sampler(self, ds: Any, shard: tuple[int, int] | None) -> Any:
         """The training sampler: chunk order over a stream, else the data module's shuffling samplers (both resumable)."""

@@ -585,7 +585,7 @@ def chunk_order(chunk_of: np.ndarray, seed: int, epoch: int, window: int) -> lis
     return order
 
 
-def _chunk_of_positions(dataset: Any) -> np.ndarray:
+def chunk_of_positions(dataset: Any) -> np.ndarray:
     """The chunk of every position of a training set over a :class:`ChunkSplit` (a subset: its ``indices``)."""
     base = getattr(dataset, "base", dataset)
     if not isinstance(base, ChunkSplit):
@@ -605,7 +605,7 @@ class ChunkShuffleSampler(EpochShuffleSampler):
     def __init__(self, data_source: Any, seed: int = 0, window: int = 4) -> None:
         super().__init__(data_source, seed)
         self.window = int(window)
-        self._chunk_of = _chunk_of_positions(data_source)
+        self._chunk_of = chunk_of_positions(data_source)
 
     def __iter__(self) -> Iterator[int]:
         order = chunk_order(self._chunk_of, self.seed, self.epoch, self.window)
@@ -623,7 +623,7 @@ class DistributedChunkShuffleSampler(DistributedEpochShuffleSampler):
     def __init__(self, dataset: Any, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = False, window: int = 4) -> None:
         super().__init__(dataset, num_replicas, rank, seed=seed, drop_last=drop_last)
         self.window = int(window)
-        self._chunk_of = _chunk_of_positions(dataset)
+        self._chunk_of = chunk_of_positions(dataset)
 
     def __iter__(self) -> Iterator[int]:
         order = chunk_order(self._chunk_of, self.seed, self.epoch, self.window)

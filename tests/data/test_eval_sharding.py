@@ -12,6 +12,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
@@ -41,6 +42,28 @@ def test_plans_evaluate_every_sample_once_in_equal_numbers_of_non_empty_steps(wo
             assert all(1 <= len(b) <= bs for b in plan), (n, w, bs, plan)
             flat = [i for b in plan for i in b]
             assert flat == list(range(r, n, w)), (n, w, bs, r)  # DistributedSampler's order, unshuffled
+
+
+@pytest.mark.parametrize("world", range(1, 6))
+def test_plans_in_blocks_of_an_order_share_like_the_strided_ones(world: int) -> None:
+    """With an ``order`` (a stream's positions by chunk): contiguous parts of it, the strided plans' sizes and steps."""
+    rng = np.random.default_rng(world)
+    for n, w, bs in GRID:
+        if w != world:
+            continue
+        order = rng.permutation(n).tolist()
+        plans = [exact_eval_batches(n, bs, w, r, order) for r in range(w)]
+        strided = [exact_eval_batches(n, bs, w, r) for r in range(w)]
+        assert [p is None for p in plans] == [p is None for p in strided], (n, w, bs)
+        if plans[0] is None:
+            continue
+        flat = [[i for b in plan for i in b] for plan in plans]  # type: ignore[union-attr]
+        assert [i for share in flat for i in share] == order, (n, w, bs)  # part r of the order is process r's, in order
+        assert [len(p) for p in plans] == [len(p) for p in strided]  # type: ignore[arg-type]  # the same number of steps
+        assert [len(f) for f in flat] == [sum(len(b) for b in p) for p in strided]  # type: ignore[union-attr]  # same shares
+        assert all(1 <= len(b) <= bs for plan in plans for b in plan), (n, w, bs)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="order must be a permutation of the 5 positions"):
+        exact_eval_batches(5, 2, 2, 0, [0, 1, 2, 3, 3])
 
 
 def test_plans_match_distributed_sampler_where_it_repeats_nothing() -> None:

@@ -161,6 +161,39 @@ def test_distributed_shares_are_contiguous_parts_of_one_order(chunk_sets: dict[s
         assert [p for share in shares for p in share] == one[: len(shares[0]) * world]
 
 
+@pytest.mark.parametrize("augment_on", ["loader", "device"])
+def test_ddp_evaluation_shares_are_blocks_of_chunks(chunk_sets: dict[str, Path], augment_on: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DDP each process evaluates its own chunks (was: every process read every chunk), every sample once."""
+    files = _shapes(augment_on=augment_on)
+    files.setup("fit")
+    dm = _shapes(stream_from=str(chunk_sets["raw"]), augment_on=augment_on, eval_batch_size=4)
+    dm.setup("fit")
+    base = dm.val_set.base  # type: ignore[union-attr]
+    assert isinstance(base, ChunkSplit) and len(base.chunk_sizes) >= 3
+    bounds = np.cumsum(base.chunk_sizes)
+    chunks, seen, labels = [], [], []
+    for rank in (0, 1):
+        monkeypatch.setattr(dm, "_distributed", lambda rank=rank: (2, rank))
+        loader = dm.val_dataloader()
+        positions = [i for b in loader.sampler for i in b]  # type: ignore[union-attr]
+        chunks.append({int(np.searchsorted(bounds, i, side="right")) for i in positions})
+        seen += positions
+        for batch in loader:
+            labels.append(batch["label"] if isinstance(batch, dict) else batch[1])
+    assert sorted(seen) == list(range(len(base)))
+    assert len(chunks[0] & chunks[1]) <= 1, chunks  # at most the chunk where the blocks meet
+    assert len(chunks[0]) + len(chunks[1]) <= len(base.chunk_sizes) + 1
+    # the same samples as the files' strided shares: the labels' counts (the metrics' sums) agree
+    ref = [b["label"] if isinstance(b, dict) else b[1] for r in (0, 1) for b in _with_rank(files, r, monkeypatch)]
+    assert torch.bincount(torch.cat(labels), minlength=4).tolist() == torch.bincount(torch.cat(ref), minlength=4).tolist()
+    assert _with_rank(files, 0, monkeypatch).sampler.batches[0][:2] == [0, 2]  # type: ignore[union-attr]  # files: strided
+
+
+def _with_rank(dm: Any, rank: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(dm, "_distributed", lambda: (2, rank))
+    return dm.val_dataloader()
+
+
 def test_rerun_keeps_finished_splits_and_refuses_other_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "set"
     optimize_data(_shapes(), str(out), image_format="png", workers=1, chunk_bytes="16KB", splits=["val"])
