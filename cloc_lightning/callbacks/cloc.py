@@ -116,8 +116,9 @@ class CLOCMarginFreeze(Callback):
         self.write(trainer, pl_module, phase_one_done=True)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        # Lightning (2.x) skips ``on_train_epoch_start`` of the first epoch after resuming from a
-        # checkpoint written at the end of an epoch's last batch; freeze before that epoch's first step anyway.
+        # Lightning (2.x) skips ``on_train_epoch_start`` of the first epoch after resuming from a checkpoint written at
+        # the end of an epoch's last batch.  ``ResumeState`` (every module's callbacks) lets that epoch start anew, but
+        # only on the Lightning loops it knows: on any other, the freeze still comes here, before that epoch's first step.
         self.on_train_epoch_start(trainer, pl_module)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
