@@ -12,12 +12,15 @@ What it was built from is recorded: ``<out>/<split>/cloc_split.json`` (labels, f
 chunk sizes, the split's identity: the ``data.cache: disk`` key of the same files and layout plus
 the format) and ``<out>/cloc_stream.json`` (the data module, its source, classes, format, versions).
 A rerun keeps the splits that are complete and built from the same data, and rewrites the others,
-so an interrupted run is continued by running the same command again; an ``--out`` built from
-other data is refused (give another ``--out``, or ``--overwrite``).
+so an interrupted run is continued by running the same command again: a split written by LitData's
+parallel writers resumes after its last finished chunks (LitData's checkpoints; a remote ``--out`` is
+staged in :func:`stage_folder` until uploaded), a small split written in this process starts anew.  An
+``--out`` built from other data is refused (give another ``--out``, or ``--overwrite``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import multiprocessing
@@ -56,7 +59,7 @@ from cloc_lightning.data.streaming import (
 )
 from cloc_lightning.data.tables import hash_fraction
 
-__all__ = ["ImageFormat", "optimize_data", "ChunkEncoder", "write_json"]
+__all__ = ["ImageFormat", "optimize_data", "ChunkEncoder", "write_json", "stage_folder", "PARTIAL_FILE"]
 
 #: how ``data optimize`` stores an image: ``jpeg`` (default), ``webp``, lossless ``png``, or the ``raw`` uint8 pixels
 ImageFormat = Literal["jpeg", "webp", "png", "raw"]
@@ -293,18 +296,21 @@ def _write_split(
         kept = sorted(kept, key=lambda i: hash_fraction(keys[i], "chunks"))
     print_line(None, f"data optimize: {split}: {len(kept)} images at {layout.describe()}, {image_format} -> {url}")
     encoder = ChunkEncoder(base, layout, image_format, quality)
-    work = [(p, s) for p, s in enumerate(kept)]
+    # lists, not tuples: LitData compares the work with its checkpoint's JSON copy when it resumes
+    work = [[p, s] for p, s in enumerate(kept)]
     if workers is None:  # spawned writers start in seconds each: worth it for large splits only (benchmarks/results/streaming.md)
         workers = 1 if len(work) < SMALL_SPLIT else max(1, min(8, os.cpu_count() or 1))
+    plan = {"identity": identity, "work": _digest(work), "n": len(work), "chunk_bytes": chunk_bytes, "workers": workers}
     if is_remote(url):  # written here first, then uploaded by this process (errors in words; any http:// endpoint)
-        with tempfile.TemporaryDirectory(prefix="cloc-optimize-") as stage:
-            _write_local(litdata, encoder, work, stage, chunk_bytes, workers)
-            index = read_json(join_url(stage, "index.json"), "LitData index", "run data optimize again")
-            _upload(stage, url)
+        stage = stage_folder(url, identity)  # kept until uploaded: an interrupted run resumes there
+        _write_local(litdata, encoder, work, stage, chunk_bytes, workers, plan, split)
+        index = read_json(join_url(stage, "index.json"), "LitData index", "run data optimize again")
+        _upload(stage, url)
+        shutil.rmtree(stage, ignore_errors=True)
         prints = s3_etags(url) if urlparse(url).scheme == "s3" else {}
         fingerprint = {name: {"etag": tag} for name, tag in prints.items()}
     else:
-        _write_local(litdata, encoder, work, url, chunk_bytes, workers)
+        _write_local(litdata, encoder, work, url, chunk_bytes, workers, plan, split)
         index = read_json(join_url(url, "index.json"), "LitData index", "run data optimize again")
         fingerprint = {str(c["filename"]): {"md5": file_md5(os.path.join(url, str(c["filename"])))} for c in index.get("chunks", [])}
     chunk_sizes = [int(c["chunk_size"]) for c in index.get("chunks", [])]
@@ -342,11 +348,37 @@ def _write_split(
     return summary
 
 
-def _write_local(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]], folder: str, chunk_bytes: str, workers: int) -> None:
-    """Chunks of ``work`` in the local ``folder``: in this process (``workers`` 1) or LitData's spawned writers."""
+def _write_local(
+    litdata: Any,
+    encoder: ChunkEncoder,
+    work: list[list[int]],
+    folder: str,
+    chunk_bytes: str,
+    workers: int,
+    plan: dict[str, Any],
+    split: str,
+) -> None:
+    """Chunks of ``work`` in the local ``folder``: in this process (``workers`` 1) or LitData's spawned writers.
+
+    The spawned writers keep LitData's checkpoints (``use_checkpoint``; ``.checkpoints/`` in ``folder``, removed by
+    LitData at the end): a run interrupted after some chunks resumes after them when the same ``plan`` (the split's
+    identity, its work list, chunk size and writers; :data:`PARTIAL_FILE`) is written again.  Any other plan starts
+    anew.  The in-process writer (small splits) always starts anew.
+    """
     if workers <= 1:
         _write_here(encoder, work, folder, chunk_bytes)
         return
+    marker = Path(folder) / PARTIAL_FILE
+    resume = _read_plan(marker) == plan
+    if resume and (Path(folder) / "index.json").exists():  # finished before the interruption (the caller checks it)
+        marker.unlink()
+        return
+    if resume:
+        print_line(None, f"data optimize: {split}: continuing the interrupted write in {folder} (LitData's checkpoints)")
+    else:
+        _clear(Path(folder))
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(plan))
     # LitData's writers stage in /tmp/chunks by default and every optimize run empties it: one run's folders of its own
     private = tempfile.mkdtemp(prefix="cloc-litdata-")
     try:
@@ -357,12 +389,49 @@ def _write_local(litdata: Any, encoder: ChunkEncoder, work: list[tuple[int, int]
                 output_dir=folder,
                 chunk_bytes=chunk_bytes,
                 num_workers=min(workers, max(1, len(work))),
-                mode="overwrite",
+                mode=None if resume else "overwrite",
+                use_checkpoint=True,
                 keep_data_ordered=True,
                 start_method="spawn",
             )
     finally:
         shutil.rmtree(private, ignore_errors=True)
+    marker.unlink(missing_ok=True)
+
+
+#: the plan of a split being written by LitData's writers, in its folder (or stage) until they finish
+PARTIAL_FILE = ".cloc_partial.json"
+
+
+def _read_plan(marker: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(marker.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _digest(work: list[list[int]]) -> str:
+    """A short hash of the work list (positions and source indices): a resumed write must be given the same."""
+    return hashlib.sha256(json.dumps(work).encode()).hexdigest()[:16]
+
+
+def _clear(folder: Path) -> None:
+    """Remove what a write of a split leaves in ``folder``: chunks, indexes, LitData's checkpoints, our records."""
+    if not folder.exists():
+        return
+    for old in [*folder.glob("chunk-*.bin"), *folder.glob("*index.json"), folder / SPLIT_FILE, folder / PARTIAL_FILE]:
+        old.unlink(missing_ok=True)
+    shutil.rmtree(folder / ".checkpoints", ignore_errors=True)
+
+
+def stage_folder(url: str, identity: str) -> str:
+    """Where a split for the remote ``url`` is written before its upload: kept across runs until it is uploaded.
+
+    ``$CLOC_CACHE_DIR/optimize/<hash>`` or ``~/.cache/cloc_lightning/optimize/<hash>`` (the hash of the URL and
+    the split's identity), so an interrupted run resumes there; it needs the split's size in free space.
+    """
+    root = os.environ.get("CLOC_CACHE_DIR") or os.path.expanduser("~/.cache/cloc_lightning")
+    return os.path.join(root, "optimize", hashlib.sha256(f"{url}\n{identity}".encode()).hexdigest()[:20])
 
 
 #: LitData's staging folders (environment variables its writer processes read)
@@ -375,7 +444,7 @@ def _upload(stage: str, url: str) -> None:
 
     from litdata.streaming.fs_provider import _get_fs_provider
 
-    files = sorted(p for p in Path(stage).iterdir() if p.is_file())
+    files = sorted(p for p in Path(stage).iterdir() if p.is_file() and not p.name.startswith("."))
     size = sum(p.stat().st_size for p in files)
     print_line(None, f"data optimize: uploading {len(files)} files ({size / 1e6:.1f} MB) to {url}")
     provider = _get_fs_provider(url)
@@ -390,14 +459,12 @@ def _upload(stage: str, url: str) -> None:
         ) from None
 
 
-def _write_here(encoder: ChunkEncoder, work: list[tuple[int, int]], url: str, chunk_bytes: str) -> None:
+def _write_here(encoder: ChunkEncoder, work: list[list[int]], url: str, chunk_bytes: str) -> None:
     """``--workers 1`` to a local folder: LitData's ``BinaryWriter`` in this process (the chunk files and index of ``optimize``)."""
     from litdata.streaming.writer import BinaryWriter
 
     folder = Path(url)
-    if folder.exists():
-        for old in [*folder.glob("chunk-*.bin"), folder / "index.json", folder / SPLIT_FILE]:
-            old.unlink(missing_ok=True)
+    _clear(folder)
     folder.mkdir(parents=True, exist_ok=True)
     writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
     for position, item in enumerate(work):

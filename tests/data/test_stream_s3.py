@@ -646,12 +646,16 @@ def test_a_chunk_read_denied_in_a_loader_worker_is_one_line(s3: S3Server, s3_chu
 
 @pytest.mark.slow
 def test_data_optimize_denied_writes_is_one_line(s3: S3Server, tmp_path: Path) -> None:
-    made = _cli(
-        ["data", "optimize", "--config", DEMO, *DEMO_SIZES, "--out", f"s3://{BUCKET}/{_prefix('nowrite')}", "--workers", "1"],
-        tmp_path,
-        s3.subprocess_env("nowrite"),
-    )
+    """A denied upload is one line and keeps the written split in its stage folder; the rerun that may write uploads it and
+    removes the stage."""
+    args = ["data", "optimize", "--config", DEMO, *DEMO_SIZES, "--out", f"s3://{BUCKET}/{_prefix('nowrite')}", "--workers", "1"]
+    cache = {"CLOC_CACHE_DIR": str(tmp_path / "cache")}
+    made = _cli(args, tmp_path, {**s3.subprocess_env("nowrite"), **cache})
     _one_line(Result(made.returncode, made.stderr, made.stdout), f"s3://{BUCKET}/", "AccessDenied", "AWS_ACCESS_KEY_ID")
+    staged = list((tmp_path / "cache" / "optimize").glob("*/chunk-*.bin"))
+    assert staged, "the split written before the denied upload is not in its stage folder"
+    _ok(_cli(args, tmp_path, {**s3.subprocess_env("admin"), **cache}), "data optimize after a denied upload")
+    assert not list((tmp_path / "cache" / "optimize").iterdir()), "the stage folder is left after the upload"
 
 
 @pytest.mark.slow
