@@ -44,6 +44,7 @@ from cloc_lightning.data.streaming import (
     SPLIT_FILE,
     STREAM_FILE,
     STREAM_FORMAT,
+    DamagedRecord,
     StreamError,
     _first_line,
     _s3_problem,
@@ -137,9 +138,17 @@ def write_json(url: str, data: dict[str, Any]) -> None:
             ) from None
 
 
-def _existing(url: str, what: str) -> dict[str, Any] | None:
+def _existing(url: str, what: str, damaged_ok: bool) -> dict[str, Any] | None:
+    """The record at ``url``, ``None`` when there is none; a damaged one is ``None`` when ``damaged_ok`` (it is rewritten),
+    else a one-line refusal naming ``--overwrite``."""
+    out = url.rsplit("/", 1)[0]
+    fix = f"give --overwrite true to write the chunk set anew at {out}, or another --out"
     try:
-        return read_json(url, what, "")
+        return read_json(url, what, fix)
+    except DamagedRecord:
+        if damaged_ok:
+            return None
+        raise
     except StreamError as e:
         if "no " + what + " there" in str(e):
             return None
@@ -188,16 +197,23 @@ def optimize_data(
     if not 1 <= int(quality) <= 100:
         raise DataConfigError(f"--quality {quality} is outside 1-100; give e.g. 95")
     parse_size("--chunk_bytes", chunk_bytes)
+    if workers is not None and int(workers) < 1:
+        raise DataConfigError(f"--workers {workers}: give 1 or more writer processes, or leave it out (null) for the default")
+    if not splits or [s for s in splits if s not in SPLITS] or len(set(splits)) != len(splits):
+        raise DataConfigError(f"--splits {list(splits)}: give one or more of {list(SPLITS)}, each once, e.g. [train, val, test]")
+    if not str(out).strip():
+        raise DataConfigError("--out is empty; give a folder (it is created) or an s3:// URL")
     if getattr(datamodule, "stream_from", None):
         raise DataConfigError("data.stream_from is set in this config: data optimize reads the original files; remove data.stream_from")
     if not is_remote(out):
         out = os.path.abspath(os.path.expanduser(out))
         if os.path.isfile(out):
             raise DataConfigError(f"--out {out} is a file; give a folder (it is created) or an s3:// URL")
+        _check_writable(out)
     settings = datamodule.data_settings()  # before the sets are built (which keeps more on the module)
     base = datamodule._ensure_base()
     name = type(datamodule).__name__
-    previous = _existing(join_url(out, STREAM_FILE), STREAM_FILE)
+    previous = _existing(join_url(out, STREAM_FILE), STREAM_FILE, damaged_ok=overwrite)
     record: dict[str, Any] = {
         "format_version": STREAM_FORMAT,
         "data_module": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
@@ -242,6 +258,20 @@ def optimize_data(
     return record
 
 
+def _check_writable(out: str) -> None:
+    """Create a local ``--out`` (and check it takes a file), else one line naming what is in the way."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".cloc-write-check-"):
+            pass
+    except OSError as e:
+        parent = out
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        why = f"{parent} is a file, not a folder" if os.path.isfile(parent) else (e.strerror or type(e).__name__).lower()
+        raise DataConfigError(f"--out {out}: cannot write there ({why}); give a folder you may write (it is created) or an s3:// URL") from None
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -278,7 +308,7 @@ def _write_split(
     """Write one split (or keep it, when a complete copy built from the same data is there); its summary."""
     url = join_url(out, split)
     meta_url = join_url(url, SPLIT_FILE)
-    previous = _existing(meta_url, SPLIT_FILE)
+    previous = _existing(meta_url, SPLIT_FILE, damaged_ok=True)  # a damaged split record: the split is written again
     summary: dict[str, Any] = {"n": None, "identity": identity, "layout": layout.describe()}
     if (
         previous is not None

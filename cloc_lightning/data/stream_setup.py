@@ -179,9 +179,11 @@ class StreamMixin:
         sets: dict[str, ChunkSplit] = {}
         cache = None if not is_remote(url) else (self.stream_cache_dir or default_chunk_cache())
         for split in ("train", "val", "test"):
-            if split not in (record.get("splits") or {}):
+            if split not in (record.get("splits") or {}):  # every stage sets up all three (fit's probes, test's train layout)
                 raise StreamError(
-                    f"data.stream_from {url} has no {split} split (it has {sorted(record.get('splits') or {})}); {_BUILD.format(url=url)}"
+                    f"data.stream_from {url} has no {split} split (it has {sorted(record.get('splits') or {})}), and a data module "
+                    f"streams all three: write it with `cloc-lightning data optimize --config <this config> --out {url} --splits "
+                    f"[{split}]` (the splits there are kept)"
                 )
             meta = read_json(join_url(url, split, SPLIT_FILE), f"{split} split record ({SPLIT_FILE})", _BUILD.format(url=url))
             problem = missing_chunks(join_url(url, split), meta.get("chunks", []))

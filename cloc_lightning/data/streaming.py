@@ -50,6 +50,7 @@ __all__ = [
     "STREAM_FILE",
     "SPLIT_FILE",
     "StreamError",
+    "DamagedRecord",
     "ChunkSplit",
     "ChunkShuffleSampler",
     "DistributedChunkShuffleSampler",
@@ -78,6 +79,10 @@ _NO_LIMIT = 2**62
 
 class StreamError(DataConfigError):
     """A chunk set that cannot be read (missing, denied, truncated, built from other data): the message names the URL and the fix."""
+
+
+class DamagedRecord(StreamError):
+    """A record of a chunk set (``cloc_stream.json``, ``cloc_split.json``) that is not a JSON object: the set is damaged."""
 
 
 def require_litdata(what: str) -> Any:
@@ -244,9 +249,9 @@ def read_json(url: str, what: str, fix: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise StreamError(f"{url}: the {what} is not valid JSON ({e}); the chunk set is damaged: {fix}") from None
+        raise DamagedRecord(f"{url}: the {what} is not valid JSON ({e}); the chunk set is damaged: {fix}") from None
     if not isinstance(data, dict):
-        raise StreamError(f"{url}: the {what} is not a JSON object; {fix}")
+        raise DamagedRecord(f"{url}: the {what} is not a JSON object; the chunk set is damaged: {fix}")
     return data
 
 

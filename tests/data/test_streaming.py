@@ -212,6 +212,47 @@ def test_rerun_keeps_finished_splits_and_refuses_other_data(tmp_path: Path, caps
         optimize_data(_shapes(data_seed=1), str(out), image_format="png", workers=1)
 
 
+def test_a_partial_or_damaged_chunk_set_says_how_to_repair_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "set"
+    optimize_data(_shapes(), str(out), image_format="raw", workers=1, chunk_bytes="16KB", splits=["train", "test"])
+    # a split not written: the refusal names the command that writes it
+    with pytest.raises(StreamError, match=r"has no val split .*--splits \[val\]` \(the splits there are kept\)"):
+        _shapes(stream_from=str(out)).setup("test")
+    # a damaged set record: refused with the fix (--overwrite), then rewritten with it
+    (out / "cloc_stream.json").write_text("{bad")
+    with pytest.raises(StreamError, match=f"not valid JSON .*damaged: give --overwrite true to write the chunk set anew at {out}"):
+        optimize_data(_shapes(), str(out), image_format="raw", workers=1, chunk_bytes="16KB")
+    optimize_data(_shapes(), str(out), image_format="raw", workers=1, chunk_bytes="16KB", overwrite=True)
+    # a damaged split record: that split is written again (the others kept)
+    (out / "val" / "cloc_split.json").write_text("[1]")
+    capsys.readouterr()
+    optimize_data(_shapes(), str(out), image_format="raw", workers=1, chunk_bytes="16KB")
+    said = capsys.readouterr().out
+    assert "train: kept" in said and "test: kept" in said and "val: 20 images" in said, said
+    _shapes(stream_from=str(out)).setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(out=""), "--out is empty; give a folder"),
+        (dict(out="{file}/sub"), r"--out .*/afile/sub: cannot write there \(.*/afile is a file, not a folder\)"),
+        (dict(workers=0), "--workers 0: give 1 or more writer processes"),
+        (dict(splits=[]), r"--splits \[\]: give one or more of \['train', 'val', 'test'\]"),
+        (dict(splits=["trian"]), r"--splits \['trian'\]: give one or more of"),
+        (dict(splits=["val", "val"]), "each once"),
+    ],
+)
+def test_data_optimize_refuses_bad_arguments_in_one_line(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    (tmp_path / "afile").write_text("")
+    args: dict[str, Any] = {"out": str(tmp_path / "set"), "image_format": "raw", "workers": 1, **kwargs}
+    args["out"] = str(args["out"]).format(file=tmp_path / "afile")
+    with pytest.raises(DataConfigError, match=message) as caught:
+        optimize_data(_shapes(), **args)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "set").exists() and not list(Path.cwd().glob("cloc_stream.json"))
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
