@@ -13,9 +13,11 @@ it except the CLI (its help formatter lives in :mod:`cloc_lightning.cli.helptext
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +69,7 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
         env_prefix="CLOC_PROBE",
         default_env=False,
         exit_on_error=False,
+        allow_abbrev=False,
     )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--ckpt", type=str, required=True, help="stage-one checkpoint (.ckpt) or encoder state_dict file")
@@ -99,9 +102,15 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--backbone", type=str | None, default=None, help="override the checkpoint's timm backbone name")
     parser.add_argument("--cifar_stem", type=bool | None, default=None, help="override the checkpoint's cifar_stem")
     parser.add_argument("--split", type=ProbeSplit, default="test", help="the split scored: test or val")
-    parser.add_argument("--device", type=str, default="cpu")
+    parser.add_argument("--device", type=str, default="cpu", help="where the encoder runs: cpu, cuda, cuda:1, mps")
     parser.add_argument("--output", type=str | None, default=None, help="also write the result as JSON here")
+    own = {a.dest.split(".", 1)[0] for a in parser._actions if a.dest}
+    for key in sorted(_fit_config_keys(list(argv or []), own)):  # a fit config's sections the probe does not use (model, ...)
+        parser.add_argument(f"--{key}", type=Any, default=None, help=argparse.SUPPRESS)
     cfg = parse_command_args(parser, argv)
+    _check_device(cfg.device)
+    if cfg.output:
+        _check_output_file(cfg.output)
     init = parser.instantiate_classes(cfg)
     result = probe_checkpoint(
         cfg.ckpt,
@@ -128,10 +137,38 @@ def probe_main(argv: list[str] | None = None) -> dict[str, Any]:
     lines.append(f"  n_train={int(result['n_train'])} n_test={int(result['n_test'])} n_features={int(result['n_features'])}")
     print("\n".join(lines))
     if cfg.output:
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
         with open(cfg.output, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def _check_device(device: str) -> None:
+    """``--device``: a torch device this machine has, else one line before anything is loaded."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        kind = None  # raised below, outside the handler: the CLI shows the innermost error of the package's own
+    if kind is None:
+        raise ValueError(f"--device {device!r} is not a torch device; give cpu, cuda, cuda:1 or mps")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA GPU (torch.cuda.is_available() is False); give --device cpu")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: this machine has no MPS device; give --device cpu")
+
+
+def _check_output_file(path: str) -> None:
+    """``--output``: a file that can be written (its folder is created), checked before the probe runs."""
+    folder = os.path.dirname(os.path.abspath(path))
+    why = "it is a folder" if os.path.isdir(path) else None
+    if why is None:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".cloc-write-check-"):
+                pass
+        except OSError as e:
+            why = (e.strerror or type(e).__name__).lower()
+    if why is not None:  # raised outside the handler: the CLI shows the innermost error of the package's own
+        raise ValueError(f"--output {path}: cannot write there ({why}); give a file path in a folder you may write")
 
 
 # ---------------------------------------------------------------- export-prototypes
@@ -191,8 +228,11 @@ def export_prototypes_main(argv: list[str] | None = None) -> PrototypeClassifier
 
 
 # ---------------------------------------------------------------- data optimize
-def _fit_config_keys(argv: list[str]) -> set[str]:
-    """The top-level keys of the ``--config`` files in ``argv`` other than ``data optimize``'s own, and LightningCLI's."""
+def _fit_config_keys(argv: list[str], own: set[str]) -> set[str]:
+    """The top-level keys of the ``--config`` files in ``argv`` other than the command's ``own``, and LightningCLI's.
+
+    A command that reads a fit config (``data optimize``, ``probe``) takes its own keys and ignores the others.
+    """
     import yaml
 
     keys = {"model", "trainer", "optimizer", "lr_scheduler", "ckpt_path", "seed_everything"}
@@ -206,8 +246,12 @@ def _fit_config_keys(argv: list[str]) -> set[str]:
         except (OSError, yaml.YAMLError):
             continue  # the parser reports it
         if isinstance(data, dict):
-            keys |= {str(k) for k in data}
-    return keys - {"data", "config", "out", "format", "quality", "workers", "chunk_bytes", "splits", "overwrite"}
+            for key in map(str, data):
+                near = difflib.get_close_matches(key, sorted(own), n=1, cutoff=0.75)
+                if key not in own and key not in keys and near:  # a typo of a setting would be ignored silently
+                    raise ValueError(f"--config {path}: {key!r} is not a setting here; did you mean {near[0]!r}?")
+                keys.add(key)
+    return keys - own - {"config"}
 
 
 def data_main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -230,6 +274,7 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
         description="Write every split of a config's data module as LitData chunks (local folder or s3:// URL) for data.stream_from.",
         default_env=False,
         exit_on_error=False,
+        allow_abbrev=False,
     )
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_subclass_arguments(BaseDataModule, "data", required=True, help="the data module whose splits are written")
@@ -245,7 +290,8 @@ def data_main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunk_bytes", type=str, default="64MB", help="bytes per chunk, e.g. 64MB")
     parser.add_argument("--splits", type=list[str], default=["train", "val", "test"], help="the splits to write")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace chunks built from other data at --out")
-    for key in sorted(_fit_config_keys(argv[1:])):  # a fit config's other sections (model, trainer, test_after_fit, ...)
+    own = {"data", "out", "format", "quality", "workers", "chunk_bytes", "splits", "overwrite"}
+    for key in sorted(_fit_config_keys(argv[1:], own)):  # a fit config's other sections (model, trainer, test_after_fit, ...)
         parser.add_argument(f"--{key}", type=Any, default=None, help=argparse.SUPPRESS)
     cfg = parse_command_args(parser, argv[1:])
     init = parser.instantiate_classes(cfg)

@@ -225,6 +225,7 @@ def main(args: list[str] | None = None) -> None:
         if not argv or argv[0] != "configs":
             argv = packaged_config_fallback(argv)
         if argv and argv[0] in COMMANDS:
+            check_config_files(argv)
             try:
                 COMMANDS[argv[0]](argv[1:])
             except BrokenPipeError:  # `cloc-lightning cache list | head`: the reader left; say nothing more

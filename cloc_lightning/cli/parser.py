@@ -112,6 +112,13 @@ def check_config_files(argv: list[str]) -> None:
         twice = _duplicate_key(text)
         if twice:
             raise ValueError(f"--config {path}:{twice}; the second would silently replace the first: merge them into one")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            continue  # the parser names the line and column
+        if not isinstance(data, dict):
+            kind = "only comments" if data is None else f"a YAML {'list' if isinstance(data, list) else type(data).__name__}"
+            raise ValueError(f"--config {path}: the file holds {kind}, not a mapping of settings; {example}")
 
 
 class _DuplicateKey(Exception):
@@ -279,9 +286,25 @@ def short_parse_error(message: str, parser: Any, argv: list[str]) -> str:
         first = m.group(1).split()[0]
         key = first.split("=", 1)[0]
         return f"unknown option {key}{_nearest(key, _option_names(parser))}"
+    m = re.search(r"the following arguments are required: (.*)", text)
+    if m:
+        names = [n.strip().split(".", 1)[-1] if n.strip().startswith(("fit.", "validate.", "test.", "predict.")) else n.strip()
+                 for n in m.group(1).split(",")]  # fmt: skip
+        options = " and ".join(f"--{n}" for n in names if n)
+        verb = "is" if len(names) == 1 else "are"
+        return f"{options} {verb} required; give {'it' if len(names) == 1 else 'them'} on the command line or in a --config file"
     m = re.search(r'Parser key "config": File does not exist: (.*)', text)
     if m:
         return f"--config: no such file: {m.group(1)} (`cloc-lightning configs list` names the shipped configs)"
+    m = re.search(r"Subcommand '([^']+)' does not accept option '([^']+)'", text)
+    if m:
+        key = "--" + m.group(2)
+        names = _option_names(parser)
+        first, _, rest = m.group(2).partition(".")
+        tops = sorted({n[2:].split(".", 1)[0] for n in names})
+        near = difflib.get_close_matches(first, tops, n=1, cutoff=0.7) if first not in tops else []
+        hint = f"; did you mean --{near[0]}{'.' + rest if rest else ''}?" if near else _nearest(key, names)
+        return f"{key}: not a setting of {m.group(1)} (a --config key or an option){hint}"
     m = re.search(r"Key '([^']+)' is not expected", text)
     if m:
         key = "--" + m.group(1)
@@ -423,6 +446,7 @@ class CLOCArgumentParser(LightningArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", CLOCCLIHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # --trainer.max_epoch is a typo, not max_epochs
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:

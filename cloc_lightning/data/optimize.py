@@ -260,6 +260,7 @@ def optimize_data(
 
 def _check_writable(out: str) -> None:
     """Create a local ``--out`` (and check it takes a file), else one line naming what is in the way."""
+    why = None
     try:
         os.makedirs(out, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".cloc-write-check-"):
@@ -269,7 +270,8 @@ def _check_writable(out: str) -> None:
         while parent and not os.path.exists(parent):
             parent = os.path.dirname(parent)
         why = f"{parent} is a file, not a folder" if os.path.isfile(parent) else (e.strerror or type(e).__name__).lower()
-        raise DataConfigError(f"--out {out}: cannot write there ({why}); give a folder you may write (it is created) or an s3:// URL") from None
+    if why is not None:  # raised outside the handler: the CLI shows the innermost error of the package's own
+        raise DataConfigError(f"--out {out}: cannot write there ({why}); give a folder you may write (it is created) or an s3:// URL")
 
 
 def _versions() -> dict[str, str]:

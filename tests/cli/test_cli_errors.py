@@ -59,7 +59,10 @@ def _fails(args: list[str], capsys: pytest.CaptureFixture[str], code: int) -> st
             "data optimize: error: --format: expected one of jpeg, webp, png, raw; got 'gif'",
         ),
         (["data", "optimize", *DATA, "--outt", "chunks"], "data optimize: error: unknown option --outt; did you mean --out?"),
-        (["data", "optimize", "--out", "chunks"], "data optimize: error: the following arguments are required: data"),
+        (
+            ["data", "optimize", "--out", "chunks"],
+            "data optimize: error: --data is required; give it on the command line or in a --config file",
+        ),
         (
             ["data", "optimize", "--data", "OrdinalShapesDataModul", "--out", "chunks"],
             "data optimize: error: --data OrdinalShapesDataModul: no class of that name; did you mean OrdinalShapesDataModule?",
@@ -81,6 +84,69 @@ def test_parse_errors_are_one_line(
     assert expected in err, err
     assert "--debug shows the parser's full message" in err
     assert "<unicode string>" not in err and "usage:" not in err
+
+
+FIT_CONFIG = "fit.yaml"  # a run's config: model, trainer and data sections
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        # probe reads a fit config's data section and ignores the others (as data optimize does)
+        (["probe", "--config", FIT_CONFIG, "--ckpt", "nope.ckpt"], 1, "error: encoder checkpoint 'nope.ckpt' does not exist"),
+        (["probe", "--config", FIT_CONFIG, "--ckpt", "nope.ckpt", "--device", "gpu"], 1, "error: --device 'gpu' is not a torch device"),
+        (
+            ["probe", "--config", FIT_CONFIG, "--ckpt", "nope.ckpt", "--output", "."],
+            1,
+            "error: --output .: cannot write there (it is a folder)",
+        ),
+        (
+            ["probe", "--config", FIT_CONFIG, "--ckpt", "nope.ckpt", "--dvice", "cpu"],
+            2,
+            "probe: error: unknown option --dvice; did you mean --device?",
+        ),
+        (["probe", "--ckpt", "nope.ckpt"], 2, "probe: error: --data is required; give it on the command line or in a --config file"),
+        # a typo of a top-level key: named with the nearest, not ignored or reported as a missing --data
+        (
+            ["data", "optimize", "--config", "dat.yaml", "--out", "c"],
+            1,
+            "error: --config dat.yaml: 'dat' is not a setting here; did you mean 'data'?",
+        ),
+        (
+            ["fit", "--config", "dat.yaml"],
+            2,
+            "not a setting of fit (a --config key or an option); did you mean --data.",
+        ),
+        (["data", "optimize", "--config", FIT_CONFIG], 2, "data optimize: error: --out is required"),
+        (["fit", *MODEL], 2, "error: --data is required; give it on the command line or in a --config file"),
+        # a config that is no mapping: the same line for every command
+        (["data", "optimize", "--config", "comments.yaml", "--out", "c"], 1, "error: --config comments.yaml: the file holds only comments"),
+        (["probe", "--config", "list.yaml", "--ckpt", "x"], 1, "error: --config list.yaml: the file holds a YAML list, not a mapping"),
+        (["fit", "--config", "list.yaml"], 1, "error: --config list.yaml: the file holds a YAML list, not a mapping"),
+        # abbreviations are typos, not the option they start
+        (
+            ["fit", *MODEL, *DATA, "--trainer.max_epoch", "2"],
+            2,
+            "error: unknown option --trainer.max_epoch; did you mean --trainer.max_epochs",
+        ),
+    ],
+)
+def test_command_inputs_are_one_line(
+    args: list[str], code: int, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    fit = {"model": {"class_path": "CEModule", "init_args": {"num_classes": 4, "backbone": TINY_BACKBONE}}, "trainer": {"max_epochs": 1}}
+    fit["data"] = {
+        "class_path": "OrdinalShapesDataModule",
+        "init_args": {"num_classes": 4, "train_size": 16, "val_size": 8, "test_size": 8},
+    }
+    (tmp_path / FIT_CONFIG).write_text(yaml.safe_dump(fit))
+    (tmp_path / "dat.yaml").write_text(yaml.safe_dump({"dat": fit["data"]}))
+    (tmp_path / "comments.yaml").write_text("# nothing here yet\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    err = _fails(args, capsys, code)
+    assert expected in err, err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "runs").exists()
 
 
 def test_debug_shows_the_parsers_full_message(capsys: pytest.CaptureFixture[str]) -> None:
