@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from jsonargparse import ArgumentError
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -27,7 +28,7 @@ from cloc_lightning.distributed import release_process_group
 from cloc_lightning.methods.base import BaseModule
 from cloc_lightning.threads import restore_threads
 
-__all__ = ["main", "library_error", "lightning_refusal", "packaged_config_fallback"]
+__all__ = ["main", "library_error", "lightning_refusal", "packaged_config_fallback", "unknown_command"]
 
 
 #: exception types whose messages (raised by cloc_lightning) name the fix: shown short, without a traceback
@@ -95,12 +96,99 @@ def _trainer_option_in(reason: str) -> str:
     return next((opt for word, opt in _TRAINER_MESSAGE_WORDS if word in reason), "")
 
 
+#: what Lightning's ``devices`` takes (``Trainer``'s docstring), for a value of no form it knows
+_DEVICES_FORMS = 'devices takes a number (an int > 0, e.g. 2), device indices ([0, 1] or "0,1"), -1 for all of them, or auto'
+#: English number words a ``--trainer.devices`` may be given as, and the value meant
+_NUMBER_WORDS = {w: i + 1 for i, w in enumerate(["one", "two", "three", "four", "five", "six", "seven", "eight"])} | {"all": -1}
+
+
+def _given(argv: list[str], option: str) -> str | None:
+    """The value of ``--trainer.<option>`` on the command line (the last one: the value in effect), else ``None``."""
+    flag = f"--trainer.{option}"
+    for i in range(len(argv) - 1, -1, -1):
+        if argv[i] == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if argv[i].startswith(flag + "="):
+            return argv[i].split("=", 1)[1]
+    return None
+
+
+def _devices_form_known(devices: Any) -> bool:
+    """Whether ``devices`` has a form Lightning's ``Trainer(devices=...)`` takes (whether the machine has them or not)."""
+    import re
+
+    if isinstance(devices, bool):
+        return False
+    if isinstance(devices, int):
+        return devices >= -1
+    if isinstance(devices, (list, tuple)):
+        return all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)
+    if isinstance(devices, str):
+        return bool(re.fullmatch(r"\s*(auto|-1|\d+(\s*,\s*\d+)*\s*,?)\s*", devices))
+    return False
+
+
+def _unknown_name(what: str, value: str, names: list[str], shown: str) -> str:
+    """``Lightning does not know this <what>; did you mean <near>? (Lightning's choices: ...)``."""
+    import difflib
+
+    near = difflib.get_close_matches(value.lower(), names, n=1, cutoff=0.6)
+    if near:
+        return f"Lightning does not know this {what}; did you mean {near[0]}? (Lightning's choices: {shown})"
+    return f"Lightning does not know this {what}; give one of Lightning's choices: {shown}"
+
+
+def _unknown_trainer_value(values: dict[str, Any]) -> tuple[str, str] | None:
+    """``(option, why)`` for a strategy, accelerator or devices value of ``Trainer(...)`` that Lightning does not know
+    (a typo, not a limit of the machine), or a ``num_nodes`` below 1; ``values`` are the accelerator connector's
+    arguments.  The names are Lightning's registries'."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    strategy = values.get("strategy")
+    if isinstance(strategy, str):
+        names = ["auto", *sorted(StrategyRegistry.available_strategies())]
+        if strategy.lower() not in names:
+            variant = "_find_unused_parameters_"
+            shown = ", ".join(n for n in names if variant not in n)
+            if any(variant in n for n in names):
+                shown += f"; the ddp ones also as <name>{variant}true or <name>{variant}false"
+            return "strategy", _unknown_name("strategy", strategy, names, shown)
+    accelerator = values.get("accelerator")
+    if isinstance(accelerator, str):
+        names = ["auto", *sorted({*AcceleratorRegistry.available_accelerators(), "gpu"})]
+        if accelerator not in names:
+            return "accelerator", _unknown_name("accelerator", accelerator, names, ", ".join(names))
+    devices = values.get("devices", "auto")
+    if not _devices_form_known(devices):
+        word = _NUMBER_WORDS.get(str(devices).strip().lower()) if isinstance(devices, str) else None
+        guess = f"; did you mean {word}?" if word is not None else ""
+        return "devices", f"Lightning does not know this form of devices{guess} ({_DEVICES_FORMS})"
+    num_nodes = values.get("num_nodes", 1)
+    if isinstance(num_nodes, int) and num_nodes < 1:
+        return "num_nodes", "Lightning's Trainer refuses it: num_nodes is the number of machines, an int > 0 (1 for this one)"
+    return None
+
+
+def _connector_arguments(exc: BaseException) -> dict[str, Any]:
+    """The arguments Lightning's accelerator connector was built with, where ``exc`` was raised inside it."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "__init__" and code.co_filename.replace(os.sep, "/").endswith("trainer/connectors/accelerator_connector.py"):
+            return dict(tb.tb_frame.f_locals)
+        tb = tb.tb_next
+    return {}
+
+
 def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException | None:
     """One line for a Trainer setting Lightning refuses while the Trainer is built: the option named with the value
     given, Lightning's reason and the fix; ``None`` for an error raised anywhere else.
 
-    The accelerator, strategy, device and precision checks say the machine cannot run it; any other check of
-    ``Trainer.__init__`` (``gradient_clip_algorithm``, ``profiler``, ...) names the option its message names.
+    A strategy, accelerator or devices value that Lightning does not know (``--trainer.strategy dpp``,
+    ``--trainer.devices two``) is named as such, with the nearest of Lightning's names or the forms ``devices``
+    takes; the other accelerator, strategy, device and precision refusals say the machine cannot run it; any other
+    check of ``Trainer.__init__`` (``gradient_clip_algorithm``, ``profiler``, ...) names the option its message names.
     """
     frames = []
     tb = exc.__traceback__
@@ -114,10 +202,17 @@ def trainer_setting_error(exc: BaseException, argv: list[str]) -> BaseException 
     low = reason.lower()
     machine_option = next((opt for word, opt in _TRAINER_SETTING_WORDS if word in low), "accelerator")
     option = machine_option if machine else _trainer_option_in(reason)
-    # the last occurrence: the value in effect when an option is given twice
-    given = next((argv[i + 1] for i in range(len(argv) - 2, -1, -1) if option and argv[i] == f"--trainer.{option}"), None)
+    values = _connector_arguments(exc) if machine else {}
+    unknown = _unknown_trainer_value(values) if values else None
+    if unknown is not None:
+        option = unknown[0]
+    given = _given(argv, option) if option else None
     value = given if given and given.split() == [given] else repr(given)
     shown = f"--trainer.{option} {value}" if given is not None else (f"trainer.{option}" if option else "a Trainer setting")
+    if unknown is not None:
+        if given is None:  # from a config file: the value as the Trainer got it
+            shown = f"trainer.{option} {values.get(option)!r}"
+        return RuntimeError(f"{shown}: {unknown[1]}")
     if not machine:
         return RuntimeError(f"{shown}: Lightning's Trainer refuses it: {reason} (`cloc-lightning fit --help` lists the options)")
     return RuntimeError(
@@ -209,6 +304,29 @@ def packaged_config_fallback(argv: list[str]) -> list[str]:
     return out
 
 
+#: words other tools use for a command of ``cloc-lightning``
+_COMMAND_WORDS = {"train": "fit", "eval": "test", "evaluate": "test", "val": "validate", "infer": "predict", "help": "--help"}
+
+
+def unknown_command(argv: list[str]) -> str | None:
+    """The one line for a command line whose first word is no command of ``cloc-lightning`` (``prob``, ``dta``), naming
+    the nearest command and all of them; ``None`` when it starts with a command or an option."""
+    import difflib
+
+    if not argv or argv[0].startswith("-"):
+        return None
+    names = [*CLOCLightningCLI.subcommands(), *COMMANDS]
+    word = argv[0]
+    if word in names:
+        return None
+    listed = f"(commands: {', '.join(names)}; cloc-lightning --help describes them)"
+    if word.lower().endswith((".yaml", ".yml", ".json")):
+        return f"unknown command {word!r}: a config file is given with --config, e.g. cloc-lightning fit --config {word} {listed}"
+    near = difflib.get_close_matches(word.lower().replace("_", "-"), names, n=1, cutoff=0.6)
+    near = near or [n for w, n in _COMMAND_WORDS.items() if word.lower() == w]
+    return f"unknown command {word!r}" + (f"; did you mean {near[0]}? " if near else " ") + listed
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``cloc-lightning`` and ``python -m cloc_lightning``.
 
@@ -222,6 +340,10 @@ def main(args: list[str] | None = None) -> None:
     debug = debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]
     try:
+        unknown = unknown_command(argv)
+        if unknown is not None:  # before LightningCLI's "invalid choice", which names its own four sub-commands only
+            print(f"cloc-lightning: error: {unknown}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
         if not argv or argv[0] != "configs":
             argv = packaged_config_fallback(argv)
         if argv and argv[0] in COMMANDS:

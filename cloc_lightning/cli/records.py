@@ -33,7 +33,8 @@ class RunConfigSaver(SaveConfigCallback):
     * A resumed fit (``fit --ckpt_path``) leaves ``config.yaml`` alone and appends
       ``config.resume-1.yaml``, ``config.resume-2.yaml``, ... (``config.yaml`` if the folder has none).
     * ``validate``/``test``/``predict`` in a folder without a logger version (``--trainer.logger false``)
-      append ``config.<command>-N.yaml``.
+      write ``config.<command>-N.yaml`` (``config.test-1.yaml``, ``config.predict-1.yaml``, ...), also as the folder's first record: an
+      evaluation never claims the folder's ``config.yaml``, so a later ``fit`` there is not refused.
 
     Only global rank 0 looks at and writes files; the decision is broadcast.  ``overwrite`` is
     accepted for LightningCLI's ``save_config_kwargs`` and ignored: records are never overwritten.
@@ -67,11 +68,18 @@ class RunConfigSaver(SaveConfigCallback):
         if trainer.is_global_zero and record is not None and self.data_written is not None:
             self._write_data(record)
 
-    def record_name(self, log_dir: str, stage: str) -> str:
-        """The file this run writes in ``log_dir`` (raises :class:`RunFolderInUseError` for a fresh fit into another run's folder)."""
+    def record_name(self, log_dir: str, stage: str, own_folder: bool = True) -> str:
+        """The file this run writes in ``log_dir`` (raises :class:`RunFolderInUseError` for a fresh fit into another run's folder).
+
+        ``stage`` is Lightning's ``TrainerFn`` (or its value); ``own_folder`` is ``False`` where ``log_dir`` is no
+        logger version of this run's own (``--trainer.logger false``: ``default_root_dir``), where an evaluation
+        writes ``config.<stage>-N.yaml`` even as the first record, leaving ``config.yaml`` to a fit.
+        """
         fs = get_filesystem(log_dir)
         first = self.config_filename
-        if not fs.isfile(os.path.join(log_dir, first)):
+        stage = str(getattr(stage, "value", stage))  # TrainerFn.TESTING -> "test" (its str() is "TrainerFn.TESTING" on 3.11)
+        evaluation = stage != "fit" and not self.resuming
+        if not fs.isfile(os.path.join(log_dir, first)) and (own_folder or not evaluation):
             return first
         stem, ext = os.path.splitext(first)
         kind = "resume" if self.resuming else (stage if stage != "fit" else "")
@@ -95,7 +103,7 @@ class RunConfigSaver(SaveConfigCallback):
         name, problem = None, None
         if trainer.is_global_zero:
             try:
-                name = self.record_name(log_dir, stage)
+                name = self.record_name(log_dir, stage, own_folder=bool(_versioned_loggers(trainer)))
             except RunFolderInUseError as e:
                 problem = str(e)
         name, problem = trainer.strategy.broadcast((name, problem))
