@@ -339,6 +339,11 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     debug = debug_requested(argv)
     argv = [a for a in argv if a != "--debug"]
+    if argv == ["--version"]:
+        from importlib.metadata import version
+
+        print(f"cloc-lightning {version('cloc-lightning')}")
+        return
     try:
         unknown = unknown_command(argv)
         if unknown is not None:  # before LightningCLI's "invalid choice", which names its own four sub-commands only

@@ -173,3 +173,10 @@ def test_evaluating_without_a_logger_leaves_the_folder_to_a_later_fit(
     assert (here / "config.yaml").is_file() and (here / "checkpoints" / "last.ckpt").is_file()
     # a fit still owns its folder: a second new fit there is refused, as documented
     assert _stderr_of_exit(["fit", *tiny], 1, capsys)[0].startswith(f"cloc-lightning: error: run folder {here} already holds the records")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    main(["--version"])
+    assert capsys.readouterr().out.strip() == f"cloc-lightning {version('cloc-lightning')}"
