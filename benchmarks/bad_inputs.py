@@ -1172,6 +1172,71 @@ CASES.update(
 )
 
 
+# ---- round 5's outside user (2026-12-07): data optimize, probe, command and Trainer names
+_SHAPES = ("--data", "OrdinalShapesDataModule", "--data.num_classes", "4", "--data.train_size", "16", "--data.val_size", "8",
+           "--data.test_size", "8")  # fmt: skip
+
+
+def _one_line_case(o: Outcome, what: str, *needles: str, nothing_in: Path | None = None) -> dict[str, Any]:
+    good = _refused_in_one_line(o, *needles) and (nothing_in is None or not any(nothing_in.iterdir()))
+    return {**_fmt(o, f"refused naming {what}" if good else "ran, wrote, or unclear"), "verdict": _verdict(o, good)}
+
+
+def case_optimize_empty_out(a: Audit) -> dict[str, Any]:
+    o = a.cli("data", "optimize", *_SHAPES, "--out", "")
+    return _one_line_case(o, "--out", "--out is empty", nothing_in=a.work)
+
+
+def case_optimize_out_under_a_file(a: Audit) -> dict[str, Any]:
+    (a.work / "afile").write_text("")
+    o = a.cli("data", "optimize", *_SHAPES, "--out", str(a.work / "afile" / "sub"))
+    return _one_line_case(o, "the file in the way", "afile is a file, not a folder")
+
+
+def case_optimize_zero_workers(a: Audit) -> dict[str, Any]:
+    return _one_line_case(a.cli("data", "optimize", *_SHAPES, "--out", "c", "--workers", "0"), "--workers", "--workers 0")
+
+
+def case_optimize_damaged_record(a: Audit) -> dict[str, Any]:
+    a.cli("data", "optimize", *_SHAPES, "--out", "c", "--format", "raw")
+    (a.work / "c" / "cloc_stream.json").write_text("{bad")
+    return _one_line_case(a.cli("data", "optimize", *_SHAPES, "--out", "c"), "--overwrite", "damaged", "--overwrite true")
+
+
+def case_probe_run_config(a: Audit) -> dict[str, Any]:
+    cfg = _cfg(a.work, "run", model={"num_classes": 4}, data={"class_path": "OrdinalShapesDataModule", "init_args": {"num_classes": 4}})
+    o = a.cli("probe", "--config", str(cfg), "--ckpt", "nope.ckpt")
+    return _one_line_case(o, "the checkpoint, not the trainer section", "nope.ckpt", "does not exist")
+
+
+def case_probe_no_gpu(a: Audit) -> dict[str, Any]:
+    o = a.cli("probe", "--ckpt", "nope.ckpt", *_SHAPES, "--device", "gpu")
+    return _one_line_case(o, "--device", "--device 'gpu' is not a torch device")
+
+
+def case_trainer_strategy_typo(a: Audit) -> dict[str, Any]:
+    o = a.cli("fit", "--config", str(a.repo / "configs" / "cloc" / "demo.yaml"), "--trainer.strategy", "dpp")
+    return _one_line_case(o, "the nearest strategy", "--trainer.strategy dpp", "did you mean ddp")
+
+
+def case_unknown_command(a: Audit) -> dict[str, Any]:
+    return _one_line_case(a.cli("prob", "--ckpt", "x"), "the nearest command", "unknown command 'prob'", "did you mean probe")
+
+
+CASES.update(
+    {
+        "data optimize: --out empty (wrote into the current folder)": case_optimize_empty_out,
+        "data optimize: --out under a file": case_optimize_out_under_a_file,
+        "data optimize: --workers 0": case_optimize_zero_workers,
+        "data optimize: a damaged cloc_stream.json": case_optimize_damaged_record,
+        "probe: a run's own config": case_probe_run_config,
+        "probe: --device gpu": case_probe_no_gpu,
+        "fit: --trainer.strategy dpp": case_trainer_strategy_typo,
+        "a command typo: prob": case_unknown_command,
+    }
+)
+
+
 def _generated(audit_repo: Path, tmp: Path, only: list[str], jobs: int) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """The generated cases (:mod:`benchmarks.option_sweep`: every ``fit`` option × wrong type, near miss, empty, wrong kind
     of file), each through the command in a subprocess of its own folder; ``(name, kind, row)``."""
