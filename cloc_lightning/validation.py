@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 __all__ = ["choices", "check_choice", "check_int", "check_float", "check_tensor", "check_bool", "invalid_yaml", "check_keywords"]
-__all__ += ["read_text"]
+__all__ += ["read_text", "write_problem"]
 
 
 def choices(literal_type: Any) -> tuple[Any, ...]:
@@ -211,3 +212,22 @@ def read_text(path: str, what: str, fix: str) -> str:
         bad = e.start
     # raised outside the handler: the message is this one, not the codec's
     raise ValueError(f"{what} {path}: not a text file (byte {bad}: {raw[bad : bad + 1]!r} is not UTF-8); {fix}")
+
+
+def write_problem(folder: str) -> str | None:
+    """Create ``folder`` and write a file there; ``None`` when that works, else why not, as a phrase for a message:
+    ``"<path> is a file, not a folder"`` (a path above it is a file) or the system's reason (``"Permission denied"``)."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".cloc-write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        return str(e.strerror or e)
+    return None

@@ -17,7 +17,6 @@ import difflib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from cloc_lightning.data.stores import cache_main
 from cloc_lightning.methods.ordinal_clip import OrdinalCLIPModule
 from cloc_lightning.nn.prototype_classifier import PrototypeClassifier
 from cloc_lightning.probe import ProbePreset, ProbeSplit, probe_checkpoint
+from cloc_lightning.validation import write_problem
 
 __all__ = ["COMMANDS", "probe_main", "export_prototypes_main", "data_main", "parse_command_args"]
 
@@ -158,16 +158,9 @@ def _check_device(device: str) -> None:
 
 def _check_output_file(path: str) -> None:
     """``--output``: a file that can be written (its folder is created), checked before the probe runs."""
-    folder = os.path.dirname(os.path.abspath(path))
-    why = "it is a folder" if os.path.isdir(path) else None
-    if why is None:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".cloc-write-check-"):
-                pass
-        except OSError as e:
-            why = (e.strerror or type(e).__name__).lower()
-    if why is not None:  # raised outside the handler: the CLI shows the innermost error of the package's own
+    why = "it is a folder" if os.path.isdir(path) else write_problem(os.path.dirname(os.path.abspath(path)))
+    if why is not None:
+        why = why if "not a folder" in why else why.lower()
         raise ValueError(f"--output {path}: cannot write there ({why}); give a file path in a folder you may write")
 
 

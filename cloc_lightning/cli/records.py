@@ -14,6 +14,8 @@ from typing import Any
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.cli import SaveConfigCallback
 
+from cloc_lightning.validation import write_problem
+
 __all__ = ["RunConfigSaver", "RunFolderInUseError", "RunFolderError"]
 
 
@@ -165,25 +167,16 @@ def _check_save_dir(folder: str) -> None:
     """Raise :class:`RunFolderError` when ``folder`` (a logger's run folder to be) cannot be created or written."""
     if "://" in folder:
         return  # remote file systems: left to the logger
-    existing = os.path.abspath(folder)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
+    problem = write_problem(folder)
+    if problem is not None and problem.endswith("is a file, not a folder"):
         raise RunFolderError(
-            f"logger save_dir: {existing} is a file, not a folder, so {folder} cannot be created; "
-            "give --trainer.logger.init_args.save_dir a folder (e.g. runs)"
+            f"logger save_dir: {problem}, so {folder} cannot be created; give --trainer.logger.init_args.save_dir a folder (e.g. runs)"
         )
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".cloc-write-test-{os.getpid()}")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
+    if problem is not None:
         raise RunFolderError(
-            f"logger save_dir: cannot write the run folder {folder} ({e.strerror or e}); give "
+            f"logger save_dir: cannot write the run folder {folder} ({problem}); give "
             "--trainer.logger.init_args.save_dir a folder you can write to"
-        ) from None
+        )
 
 
 #: what a run writes into its run folder (other files there, e.g. a scheduler's or job script's own logs, are not a run's records)

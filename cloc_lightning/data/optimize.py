@@ -59,6 +59,7 @@ from cloc_lightning.data.streaming import (
     s3_etags,
 )
 from cloc_lightning.data.tables import hash_fraction
+from cloc_lightning.validation import write_problem
 
 __all__ = ["ImageFormat", "optimize_data", "ChunkEncoder", "write_json", "stage_folder", "PARTIAL_FILE"]
 
@@ -260,18 +261,12 @@ def optimize_data(
 
 def _check_writable(out: str) -> None:
     """Create a local ``--out`` (and check it takes a file), else one line naming what is in the way."""
-    why = None
-    try:
-        os.makedirs(out, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".cloc-write-check-"):
-            pass
-    except OSError as e:
-        parent = out
-        while parent and not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        why = f"{parent} is a file, not a folder" if os.path.isfile(parent) else (e.strerror or type(e).__name__).lower()
-    if why is not None:  # raised outside the handler: the CLI shows the innermost error of the package's own
-        raise DataConfigError(f"--out {out}: cannot write there ({why}); give a folder you may write (it is created) or an s3:// URL")
+    why = write_problem(out)
+    if why is not None:
+        raise DataConfigError(
+            f"--out {out}: cannot write there ({why if 'not a folder' in why else why.lower()}); give a folder you may write "
+            "(it is created) or an s3:// URL"
+        )
 
 
 def _versions() -> dict[str, str]:
